@@ -1,0 +1,213 @@
+"""The arithmetic of the MCP 2026 NPU — one definition shared by the IR interpreter and the simulator.
+
+The IR interpreter defines every op's semantics by calling these kernels; the simulator executes
+instructions with the very same kernels on the same tile shapes, so the two agree bit for bit.
+Rules that make that possible:
+
+* Floating-point work is done in f32 and rounded once to the destination dtype (round half to
+  even, via numpy/ml_dtypes casts).  f16/bf16/f8 storage never computes in its own precision.
+* A matmul accumulates in f32, tile by tile along K, in ascending K order:
+  ``acc = 0; for k0 in range(0, K, tk): acc += A[:, k0:k0+tk] @ B[k0:k0+tk, :]``, each tile
+  product computed by ``matmul_tile`` on exactly the tile's shape.  ``tk`` is part of the op
+  (the tiling pass sets it), so the compiled op and the binary share one accumulation order.
+* Reductions run along the last axis of a contiguous 2-D (rows, cols) array, whole rows at once.
+* Special functions are evaluated in f64 and rounded to f32 (deterministic, element by element).
+
+This module must not import the compiler (mcpc.ir, mcpc.passes, mcpc.backend) or onnx.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+from scipy import special as _special
+
+F32 = np.float32
+
+NUMPY_DTYPES: dict[str, np.dtype] = {
+    "f32": np.dtype(np.float32),
+    "f16": np.dtype(np.float16),
+    "bf16": np.dtype(ml_dtypes.bfloat16),
+    "f8e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+    "i64": np.dtype(np.int64),
+    "i32": np.dtype(np.int32),
+    "i8": np.dtype(np.int8),
+    "u8": np.dtype(np.uint8),
+    "i4": np.dtype(ml_dtypes.int4),
+    "u4": np.dtype(ml_dtypes.uint4),
+    "i1": np.dtype(np.bool_),
+}
+FLOAT_DTYPES = frozenset({"f32", "f16", "bf16", "f8e4m3fn"})
+_FLOAT_NP = frozenset(NUMPY_DTYPES[n] for n in FLOAT_DTYPES) | {np.dtype(np.float64)}
+
+
+def np_dtype(name: str) -> np.dtype:
+    return NUMPY_DTYPES[name]
+
+
+def is_float(name: str) -> bool:
+    return name in FLOAT_DTYPES
+
+
+def compute_dtype(name: str) -> np.dtype:
+    """The dtype arithmetic happens in for operands stored as ``name``: f32 for floats, i64 for ints."""
+    if name in FLOAT_DTYPES:
+        return np.dtype(np.float32)
+    if name == "i1":
+        return np.dtype(np.bool_)
+    return np.dtype(np.int64)
+
+
+def widen(x: np.ndarray) -> np.ndarray:
+    """Operand in its compute dtype (a contiguous copy when a cast is needed)."""
+    src = x.dtype
+    if src == np.float32 or src == np.int64 or src == np.bool_:
+        return np.ascontiguousarray(x)
+    if src in _FLOAT_NP:
+        return np.ascontiguousarray(x.astype(np.float32))
+    return np.ascontiguousarray(x.astype(np.int64))
+
+
+def cast(x: np.ndarray, out: str) -> np.ndarray:
+    """Convert to the storage dtype ``out``.
+
+    float -> float rounds half to even; float -> int truncates toward zero then wraps like a C
+    cast of the f32 value (ONNX Cast leaves out-of-range undefined); int/bool -> any is exact
+    where representable; anything -> i1 is ``x != 0``.
+    """
+    target = NUMPY_DTYPES[out]
+    if x.dtype == target:
+        return x
+    if out == "i1":
+        return np.asarray(x != 0)
+    src_is_float = x.dtype in _FLOAT_NP
+    if out not in FLOAT_DTYPES and src_is_float:
+        x = np.trunc(x.astype(np.float64)).astype(np.int64)
+    elif out in ("f16", "bf16", "f8e4m3fn") and x.dtype != np.float32:
+        x = x.astype(np.float32)  # one rounding step from f32, as the hardware converts
+    return x.astype(target)
+
+
+# -- elementwise ---------------------------------------------------------------------------------
+_BINARY = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": None,  # integer division truncates toward zero (ONNX Div on ints); floats divide
+    "pow": np.power,
+    "max": np.maximum,
+    "min": np.minimum,
+    "eq": np.equal,
+    "lt": np.less,
+    "gt": np.greater,
+}
+COMPARISONS = frozenset({"eq", "lt", "gt"})
+
+
+def binary(func: str, a: np.ndarray, b: np.ndarray, out: str) -> np.ndarray:
+    """``a FUNC b`` with numpy broadcasting, computed in the compute dtype, stored as ``out``."""
+    wa, wb = widen(a), widen(b)
+    with np.errstate(all="ignore"):
+        if func == "div":
+            if np.issubdtype(wa.dtype, np.integer):
+                r = np.trunc(wa.astype(np.float64) / wb.astype(np.float64)).astype(np.int64)
+            else:
+                r = np.divide(wa, wb)
+        elif func == "pow" and np.issubdtype(wa.dtype, np.floating):
+            r = np.power(wa, wb.astype(np.float32)).astype(np.float32)
+        else:
+            r = _BINARY[func](wa, wb)
+    return cast(np.asarray(r), out)
+
+
+def _gelu(x64):
+    return 0.5 * x64 * (1.0 + _special.erf(x64 / np.sqrt(2.0)))
+
+
+def _sigmoid(x64):
+    return _special.expit(x64)
+
+
+_UNARY_F64 = {
+    "exp": np.exp,
+    "tanh": np.tanh,
+    "erf": _special.erf,
+    "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "recip": lambda x: 1.0 / x,
+    "sigmoid": _sigmoid,
+    "gelu": _gelu,
+}
+SPECIAL_FUNCTIONS = frozenset(_UNARY_F64)
+
+
+def unary(func: str, x: np.ndarray, out: str) -> np.ndarray:
+    """Elementwise function of ``x`` stored as ``out``.  ``copy`` with a new dtype is a cast."""
+    if func == "copy":
+        return cast(np.ascontiguousarray(x), out)
+    w = widen(x)
+    with np.errstate(all="ignore"):
+        if func in _UNARY_F64:
+            r = _UNARY_F64[func](w.astype(np.float64)).astype(np.float32)
+        elif func == "neg":
+            r = np.negative(w)
+        elif func == "abs":
+            r = np.abs(w)
+        elif func == "relu":
+            r = np.maximum(w, w.dtype.type(0))
+        else:
+            raise ValueError(f"unknown unary function {func!r}")
+    return cast(np.asarray(r), out)
+
+
+def select(cond: np.ndarray, a: np.ndarray, b: np.ndarray, out: str) -> np.ndarray:
+    """``cond ? a : b`` elementwise with broadcasting (values copied exactly)."""
+    return cast(np.where(cond.astype(np.bool_), widen(a), widen(b)), out)
+
+
+# -- reductions ----------------------------------------------------------------------------------
+def row_reduce(func: str, x2d: np.ndarray, out: str) -> np.ndarray:
+    """Reduce each row of a 2-D array (rows, cols) to one value -> shape (rows,).
+
+    Whole rows at once on a contiguous compute-dtype copy, so the result for a row does not
+    depend on how many rows are processed together.
+    """
+    w = np.ascontiguousarray(widen(x2d))
+    if func == "sum":
+        r = np.add.reduce(w, axis=-1)
+    elif func == "max":
+        r = np.maximum.reduce(w, axis=-1)
+    elif func == "min":
+        r = np.minimum.reduce(w, axis=-1)
+    else:
+        raise ValueError(f"unknown reduction {func!r}")
+    return cast(np.asarray(r), out)
+
+
+# -- matmul --------------------------------------------------------------------------------------
+def matmul_tile(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """f32 product of one (m, k) tile and one (k, n) tile, computed on exactly these shapes."""
+    return np.matmul(np.ascontiguousarray(widen(a)), np.ascontiguousarray(widen(b)))
+
+
+def matmul_2d(a: np.ndarray, b: np.ndarray, tile: tuple[int, int, int] | None = None) -> np.ndarray:
+    """f32 accumulation of ``a (M, K) @ b (K, N)`` in the tile order defined above.
+
+    ``tile = (tm, tn, tk)``; 0 or None for a dim means the whole dim.  Output tiles are
+    independent; inside one output tile the K tiles accumulate in ascending order.
+    """
+    m, k = a.shape
+    n = b.shape[1]
+    tm, tn, tk = tile or (0, 0, 0)
+    tm, tn, tk = tm or m or 1, tn or n or 1, tk or k or 1
+    acc = np.zeros((m, n), dtype=np.float32)
+    for i0 in range(0, m, tm):
+        for j0 in range(0, n, tn):
+            c = acc[i0 : i0 + tm, j0 : j0 + tn]
+            for k0 in range(0, k, tk):
+                part = matmul_tile(a[i0 : i0 + tm, k0 : k0 + tk], b[k0 : k0 + tk, j0 : j0 + tn])
+                if k0 == 0:
+                    c[...] = part  # the first K tile overwrites (no 0 + x: keeps the sign of zero)
+                else:
+                    c += part
+    return acc
