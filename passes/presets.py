@@ -1,0 +1,16 @@
+"""Named pipelines.  A QAT config's ``pipeline:`` is either one of these names or pipeline text.
+
+There are no opt-levels: every preset is an explicit, readable pipeline string, printed by
+``mcp-compile --print-pipeline``.  Pass names must exist in the registry once
+``mcpc.passes.load_all_passes()`` ran (a test checks every preset builds).
+"""
+
+PRESETS: dict[str, str] = {
+    "fp32": "fold-constants,dce",
+    "fp16": "fold-constants,convert-precision{dtype=f16},dce",
+}
+
+
+def resolve_pipeline(preset_or_text: str) -> str:
+    """The pipeline text for a preset name, or ``preset_or_text`` itself when it is not a preset name."""
+    return PRESETS.get(preset_or_text.strip(), preset_or_text)

@@ -1,0 +1,213 @@
+"""QAT config schema v1: what precision a build uses, which pipeline compiles it, how it is checked.
+
+A config file::
+
+    schema: 1
+    name: fp16
+    description: fp16 weights and activations, fp32 accumulation
+    precision: {weights: f16, activations: f16, accumulate: f32}
+    pipeline: fp16                  # a preset name (mcpc.passes.presets) or pipeline text
+    check: {rtol: 2.0e-2, atol: 1.0e-2}
+
+How it grows: each top-level section is one pydantic model, and ``QatConfig`` lists the sections.
+A new section (the quantization issue adds ``quantization:`` with ``weights: {bits, group_size,
+symmetric}``, ``activations``, ``calibration`` and ``kv_cache``) is a new model plus one *optional*
+field on ``QatConfig`` (default None = "not used"), so every v1 file stays valid.  Only an
+incompatible change bumps ``schema`` (add the number to ``SUPPORTED_SCHEMAS`` and migrate in
+``_migrate``).  Every model forbids unknown keys, so a typo is an error naming the key, never a
+silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from mcpc.passes.manager import parse_pipeline
+from mcpc.passes.presets import PRESETS, resolve_pipeline
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from mcpc.errors import ConfigError, UsageError
+
+SUPPORTED_SCHEMAS = (1,)
+
+# The shared dtype vocabulary (IR text, ISA, .mcpb, targets use the same names).
+DTYPE_NAMES = ("f32", "f16", "bf16", "i64", "i32", "i8", "u8", "i4", "u4", "f8e4m3fn", "i1")
+
+
+def _dtype(value: Any) -> str:
+    if value not in DTYPE_NAMES:
+        raise ValueError(f"unknown dtype {value!r} (expected one of {', '.join(DTYPE_NAMES)})")
+    return value
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Precision(_Section):
+    """Storage dtype of weights and activations, and the accumulator dtype of matmuls/reductions."""
+
+    weights: str
+    activations: str
+    accumulate: str
+
+    @field_validator("weights", "activations", "accumulate", mode="before")
+    @classmethod
+    def _known_dtype(cls, v: Any) -> str:
+        return _dtype(v)
+
+
+class Check(_Section):
+    """Tolerances the build is checked with: every element meets |y - r| <= atol + rtol * |r|."""
+
+    rtol: float = Field(ge=0)
+    atol: float = Field(ge=0)
+    min_cosine: float | None = Field(default=None, ge=-1, le=1)
+
+
+class QatConfig(_Section):
+    """A whole config file.  ``source`` (not a YAML key) is the file it came from, for messages."""
+
+    schema_: int = Field(alias="schema")
+    name: str = Field(min_length=1)
+    description: str = ""
+    precision: Precision
+    pipeline: str
+    check: Check
+    # Extension point: new optional sections go here, e.g.
+    #   quantization: Quantization | None = None
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    _source: str = PrivateAttr(default="<config>")
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    @field_validator("schema_")
+    @classmethod
+    def _known_schema(cls, v: int) -> int:
+        if v not in SUPPORTED_SCHEMAS:
+            raise ValueError(
+                f"unsupported schema version {v} (this mcpc reads {', '.join(map(str, SUPPORTED_SCHEMAS))})"
+            )
+        return v
+
+    @field_validator("pipeline")
+    @classmethod
+    def _pipeline_syntax(cls, v: str) -> str:
+        # Pass names are resolved later (they depend on which pass modules are installed);
+        # here only the syntax is checked, so a typo in braces is reported against this file.
+        try:
+            parse_pipeline(resolve_pipeline(v))
+        except UsageError as exc:
+            raise ValueError(exc.message.splitlines()[0]) from None  # keep the column, drop the caret
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _migrate(cls, data: Any) -> Any:
+        # Older schema versions would be rewritten to the current one here.
+        return data
+
+    def pipeline_text(self) -> str:
+        """The pipeline as text: the preset's string when ``pipeline`` names a preset."""
+        return resolve_pipeline(self.pipeline)
+
+    @property
+    def preset(self) -> str | None:
+        """The preset name when ``pipeline`` is one, else None."""
+        return self.pipeline.strip() if self.pipeline.strip() in PRESETS else None
+
+
+def _describe(err: dict) -> str:
+    """One pydantic error as ``key.path: message``, in the words a config author needs."""
+    loc = ".".join(str(p) for p in err["loc"] if p != "__root__") or "(top level)"
+    kind, msg = err["type"], err["msg"]
+    if kind == "extra_forbidden":
+        msg = "unknown key"
+    elif kind == "missing":
+        msg = "missing required key"
+    elif kind == "value_error":
+        msg = str(err.get("ctx", {}).get("error", msg))
+    return f"{loc}: {msg}"
+
+
+def _unknown_key_hint(err: dict, model: type[BaseModel]) -> str:
+    """For an unknown key, the keys valid at that level (walks the model along the error's path)."""
+    current: Any = model
+    for part in err["loc"][:-1]:
+        field = current.model_fields.get(str(part)) if isinstance(current, type) else None
+        if field is None:
+            return ""
+        current = field.annotation
+    if not (isinstance(current, type) and issubclass(current, BaseModel)):
+        return ""
+    keys = [f.alias or name for name, f in current.model_fields.items()]
+    return f" (expected one of {', '.join(keys)})"
+
+
+def parse_config(text: str, source: str) -> QatConfig:
+    """Validate YAML text as a QAT config; ConfigError naming ``source`` and the key path(s)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
+        raise ConfigError(f"{where}: YAML syntax error: {exc.problem}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: YAML error: {exc}") from None
+    if not isinstance(data, dict):
+        found = "an empty file" if data is None else f"a {type(data).__name__}"
+        raise ConfigError(f"{source}: expected a mapping of config keys at the top level, found {found}")
+    try:
+        config = QatConfig.model_validate(data)
+    except ValidationError as exc:
+        parts = []
+        for err in exc.errors():
+            hint = _unknown_key_hint(err, QatConfig) if err["type"] == "extra_forbidden" else ""
+            parts.append(_describe(err) + hint)
+        raise ConfigError(f"{source}: " + "; ".join(parts)) from None
+    config._source = source
+    return config
+
+
+def shipped_configs() -> list[str]:
+    """File names of the configs shipped in ``mcpc.qat_configs``, sorted."""
+    root = importlib.resources.files("mcpc.qat_configs")
+    return sorted(p.name for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_config(name_or_path: str | Path) -> QatConfig:
+    """Load a config: an existing path wins; else a shipped name (``fp16.yaml`` or ``fp16``).
+
+    Raises ConfigError naming the file for anything invalid, and listing the shipped names when
+    ``name_or_path`` is neither an existing file nor a shipped config.
+    """
+    path = Path(name_or_path)
+    if path.is_file():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot read config: {exc}") from None
+        return parse_config(text, str(path))
+    name = str(name_or_path)
+    shipped = shipped_configs()
+    filename = name if name.endswith(".yaml") else f"{name}.yaml"
+    if "/" not in name and filename in shipped:
+        resource = importlib.resources.files("mcpc.qat_configs") / filename
+        return parse_config(resource.read_text(encoding="utf-8"), filename)
+    raise ConfigError(
+        f"{name}: no such config file, and not a shipped config (shipped: {', '.join(shipped)})"
+    )
