@@ -13,6 +13,7 @@ Quantization parameters have room on both values and ops (``quant`` dicts), prin
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, ClassVar
 
@@ -105,7 +106,8 @@ class Operation:
         out = dict(attrs)
         for key, spec in cls.ATTRS.items():
             if key not in out and not spec.required:
-                out[key] = spec.default
+                # a copy, so a pass editing one op's list/dict default cannot change every op's
+                out[key] = copy.copy(spec.default)
         return out
 
     @classmethod

@@ -1,0 +1,171 @@
+"""Neural-network ops: matmul, softmax, layer norm and reductions.
+
+Every op here computes in f32 and rounds once to its result dtype; the exact sequence of
+``mcpc.arch.numerics`` calls that defines each op lives in ``mcpc.ir.interpreter`` (the simulator
+runs the same sequence on the same tiles).  Axes may be given negative; they are interpreted
+against the operand's rank.
+"""
+
+from __future__ import annotations
+
+from mcpc.ir.core import Attr, Operation
+from mcpc.ir.ops_core import broadcast_shapes, normalize_axis
+from mcpc.ir.types import TensorType
+
+
+def _require_float(what: str, t: TensorType) -> None:
+    if not t.dtype.is_float:
+        raise ValueError(f"{what} must be a float tensor, got {t}")
+
+
+def normalize_axes(axes, rank: int) -> list[int]:
+    """Axes mapped into [0, rank), in the given order; ValueError on out-of-range or repeats."""
+    out = [normalize_axis(int(a), rank) for a in axes]
+    if len(set(out)) != len(out):
+        raise ValueError(f"repeated axis in {list(axes)}")
+    return out
+
+
+class MatMulOp(Operation):
+    """``mcp.matmul a, b {out, trans_b, tile}``: batched matrix product with numpy broadcasting.
+
+    Operands: ``a`` of shape ``[..., M, K]`` and ``b`` of shape ``[..., K, N]`` (``[..., N, K]``
+    when ``trans_b``), both rank >= 2 and of the same float dtype (rank-1 operands are not
+    allowed; the importer reshapes them).  Batch dims broadcast like numpy.  The result is
+    ``[batch..., M, N]`` of dtype ``out`` (default: the operand dtype): every product is
+    accumulated in f32 in the order of ``numerics.matmul_2d`` with ``tile`` (``[]`` or
+    ``[tm, tn, tk]``, 0 meaning the whole dim, set by the backend's tiling pass) and rounded once.
+    """
+
+    name = "mcp.matmul"
+    NUM_OPERANDS = 2
+    ATTRS = {
+        "out": Attr("dtype", doc="result dtype (filled from the operands when omitted)"),
+        "trans_b": Attr("bool", False, doc="b's last two dims are swapped"),
+        "tile": Attr("ints", [], doc="[] or [tm, tn, tk]: accumulation order"),
+    }
+
+    def __init__(self, operands, attrs=None, result_types=None, loc=None):
+        attrs = dict(attrs or {})
+        if "out" not in attrs and operands:
+            attrs["out"] = operands[0].type.dtype
+        super().__init__(operands, attrs, result_types, loc)
+
+    @classmethod
+    def infer_types(cls, operand_types, attrs):
+        a, b = operand_types
+        _require_float("operand a", a)
+        if a.dtype != b.dtype:
+            raise ValueError(f"operand dtypes differ: {a.dtype} vs {b.dtype}")
+        if a.rank < 2 or b.rank < 2:
+            raise ValueError(f"operands must have rank >= 2, got {a} and {b}")
+        m, k = a.shape[-2:]
+        kb, n = b.shape[-2:][::-1] if attrs["trans_b"] else b.shape[-2:]
+        if k != kb:
+            raise ValueError(f"contracted dims differ: {a} @ {b} (trans_b={attrs['trans_b']})")
+        out = attrs["out"]
+        if not out.is_float:
+            raise ValueError(f"result dtype 'out' must be a float type, got {out}")
+        batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        return [TensorType((*batch, m, n), out)]
+
+    def verify_extra(self):
+        tile = list(self.attrs["tile"])
+        if tile and (len(tile) != 3 or any(t < 0 for t in tile)):
+            raise ValueError(f"tile must be [] or [tm, tn, tk] with non-negative ints, got {tile}")
+
+
+class SoftmaxOp(Operation):
+    """``mcp.softmax x {axis}``: ``exp(x - max) / sum(exp(x - max))`` along ``axis``.
+
+    Float operand; result has the operand's type.  Steps (f32): row max, subtract, exp, row sum,
+    divide (rounded once to the result dtype).
+    """
+
+    name = "mcp.softmax"
+    NUM_OPERANDS = 1
+    ATTRS = {"axis": Attr("int", -1)}
+
+    @classmethod
+    def infer_types(cls, operand_types, attrs):
+        (x,) = operand_types
+        _require_float("operand", x)
+        normalize_axis(attrs["axis"], x.rank)
+        return [x]
+
+
+class LayerNormOp(Operation):
+    """``mcp.layer_norm x, scale, bias {axis, epsilon}`` (ONNX LayerNormalization).
+
+    Normalizes over all dims from ``axis`` to the end: ``(x - mean) * rsqrt(var + epsilon) * scale
+    + bias`` with the biased variance.  ``scale`` and ``bias`` have shape ``x.shape[axis:]`` and
+    x's float dtype; the result has x's type.  All steps in f32, one rounding at the end.
+    """
+
+    name = "mcp.layer_norm"
+    NUM_OPERANDS = 3
+    ATTRS = {"axis": Attr("int", -1), "epsilon": Attr("float", 1e-5)}
+
+    @classmethod
+    def infer_types(cls, operand_types, attrs):
+        x, scale, bias = operand_types
+        _require_float("operand x", x)
+        if x.rank == 0:
+            raise ValueError("operand x must have rank >= 1")
+        axis = normalize_axis(attrs["axis"], x.rank)
+        want = x.shape[axis:]
+        for what, t in (("scale", scale), ("bias", bias)):
+            if t.dtype != x.dtype or t.shape != want:
+                raise ValueError(f"{what} must be {TensorType(want, x.dtype)}, got {t}")
+        return [x]
+
+    def verify_extra(self):
+        if not self.attrs["epsilon"] >= 0:
+            raise ValueError(f"epsilon must be >= 0, got {self.attrs['epsilon']}")
+
+
+class ReduceOp(Operation):
+    """Base of reductions ``{axes, keepdims}`` over the listed axes (non-empty, no repeats).
+
+    The result keeps reduced dims as 1 when ``keepdims``, else drops them; dtype unchanged.
+    ``func`` names the ``numerics.row_reduce`` kernel.
+    """
+
+    NUM_OPERANDS = 1
+    ATTRS = {"axes": Attr("ints"), "keepdims": Attr("bool", True)}
+    func = ""
+    FLOAT_ONLY = False
+
+    @classmethod
+    def infer_types(cls, operand_types, attrs):
+        (x,) = operand_types
+        if cls.FLOAT_ONLY:
+            _require_float("operand", x)
+        elif x.dtype.name == "i1":
+            raise ValueError(f"cannot reduce an i1 tensor ({x})")
+        if not attrs["axes"]:
+            raise ValueError("axes must not be empty")
+        axes = set(normalize_axes(attrs["axes"], x.rank))
+        if attrs["keepdims"]:
+            shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+        else:
+            shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+        return [TensorType(shape, x.dtype)]
+
+
+class ReduceSumOp(ReduceOp):
+    """``mcp.reduce_sum``: sum (f32 accumulation for floats, i64 for ints), rounded once."""
+
+    name, func = "mcp.reduce_sum", "sum"
+
+
+class ReduceMeanOp(ReduceOp):
+    """``mcp.reduce_mean``: f32 sum divided by the number of reduced elements (floats only)."""
+
+    name, func, FLOAT_ONLY = "mcp.reduce_mean", "sum", True
+
+
+class ReduceMaxOp(ReduceOp):
+    """``mcp.reduce_max``: maximum over the axes (exact)."""
+
+    name, func = "mcp.reduce_max", "max"
