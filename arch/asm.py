@@ -45,7 +45,7 @@ def format_instr(instr: Instr, addr: int | None = None) -> str:
     if instr.signal:
         parts.append(f"signal={_mask_text(instr.signal)}")
     head = f"{addr:04d}  " if addr is not None else ""
-    return (f"{head}{instr.op:<9}" + " ".join(parts)).rstrip()
+    return f"{head}{instr.op:<8} {' '.join(parts)}".rstrip()
 
 
 def _negzero(kind: str, value: Any) -> bool:
