@@ -59,13 +59,15 @@ def compute_dtype(name: str) -> np.dtype:
 
 
 def widen(x: np.ndarray) -> np.ndarray:
-    """Operand in its compute dtype (a contiguous copy when a cast is needed)."""
+    """Operand in its compute dtype (a contiguous copy when a cast is needed); keeps rank 0."""
+    # np.asarray(order="C"), not np.ascontiguousarray: the latter turns a 0-d array into shape (1,)
+    x = np.asarray(x)
     src = x.dtype
     if src == np.float32 or src == np.int64 or src == np.bool_:
-        return np.ascontiguousarray(x)
+        return np.asarray(x, order="C")
     if src in _FLOAT_NP:
-        return np.ascontiguousarray(x.astype(np.float32))
-    return np.ascontiguousarray(x.astype(np.int64))
+        return np.asarray(x.astype(np.float32), order="C")
+    return np.asarray(x.astype(np.int64), order="C")
 
 
 def cast(x: np.ndarray, out: str) -> np.ndarray:
@@ -144,7 +146,7 @@ SPECIAL_FUNCTIONS = frozenset(_UNARY_F64)
 def unary(func: str, x: np.ndarray, out: str) -> np.ndarray:
     """Elementwise function of ``x`` stored as ``out``.  ``copy`` with a new dtype is a cast."""
     if func == "copy":
-        return cast(np.ascontiguousarray(x), out)
+        return cast(np.asarray(x, order="C"), out)
     w = widen(x)
     with np.errstate(all="ignore"):
         if func in _UNARY_F64:

@@ -1,0 +1,297 @@
+"""The reference interpreter: THE definition of every MCP IR op's semantics.
+
+Each op has one handler, registered with ``@impl(OpClass)`` for that exact class (a subclass is
+not silently run by its parent's handler: a new op needs its own definition).  Handlers are
+written as steps of ``mcpc.arch.numerics`` kernels — f32 intermediates, one rounding to the result
+dtype — because the simulator runs the same steps with the same kernels on the same tiles, and
+the two are held to the same bits.  Shape ops are exact numpy data movement.
+
+Constant folding calls ``evaluate_op``; tests and ``mcpc check`` call ``interpret``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from math import prod
+
+import numpy as np
+from mcpc.arch import numerics as nx
+from mcpc.ir import ops
+from mcpc.ir.core import Module, Operation
+
+from mcpc.errors import InputError, McpcError, UnsupportedError
+
+Handler = Callable[[Operation, list[np.ndarray]], list[np.ndarray]]
+_IMPLS: dict[type[Operation], Handler] = {}
+
+
+def impl(*op_classes: type[Operation]) -> Callable[[Handler], Handler]:
+    """Register the decorated function as the semantics of each listed op class."""
+
+    def register(fn: Handler) -> Handler:
+        for cls in op_classes:
+            if cls in _IMPLS:
+                raise TypeError(f"{cls.name} has two interpreter handlers")
+            _IMPLS[cls] = fn
+        return fn
+
+    return register
+
+
+def has_impl(op_class: type[Operation]) -> bool:
+    """Whether the interpreter defines ``op_class``."""
+    return op_class in _IMPLS
+
+
+def evaluate_op(op: Operation, args: list[np.ndarray]) -> list[np.ndarray]:
+    """Results of ``op`` on ``args`` (one array per operand, of the operand's type).
+
+    Guarantees one array per result with exactly the declared shape and dtype.  Results may share
+    memory with ``args`` (reshape, constants): treat them as read-only.  Raises UnsupportedError
+    naming the op when it has no handler, InputError for data-dependent faults (gather index out
+    of range).
+    """
+    handler = _IMPLS.get(type(op))
+    if handler is None:
+        raise UnsupportedError(f"the reference interpreter has no semantics for {op.describe()}")
+    results = handler(op, args)
+    for i, (r, v) in enumerate(zip(results, op.results, strict=True)):
+        if r.shape != v.type.shape or r.dtype != v.type.dtype.np_dtype:
+            # a bug in a handler, never a user mistake
+            raise McpcError(
+                f"interpreter handler of {op.describe()} produced {r.dtype}{list(r.shape)} for "
+                f"result #{i} declared {v.type}"
+            )
+    return results
+
+
+def interpret(module: Module, inputs: dict[str, np.ndarray], func: str = "main") -> dict[str, np.ndarray]:
+    """Run function ``func`` of a valid ``module`` on ``inputs`` (keyed by argument name).
+
+    Each input must have exactly the argument's shape and numpy dtype (no implicit casts: an i64
+    argument takes int64 arrays, an int32 array is refused).  Returns fresh arrays keyed by the
+    function's result names, in the declared dtypes.  InputError names the offending input.
+    """
+    if func not in module.functions:
+        have = ", ".join("@" + f for f in module.functions) or "none"
+        raise InputError(f"module @{module.name} has no function @{func} (functions: {have})")
+    fn = module.functions[func]
+    fn.verify()
+    where = f"func @{fn.name}"
+    missing = [n for n in fn.arg_names if n not in inputs]
+    extra = sorted(n for n in inputs if n not in fn.arg_names)
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing input(s) {', '.join(map(repr, missing))}")
+        if extra:
+            parts.append(f"unknown input(s) {', '.join(map(repr, extra))}")
+        raise InputError(f"{where}: {'; '.join(parts)} (expected: {', '.join(map(repr, fn.arg_names))})")
+    env: dict[int, np.ndarray] = {}
+    for arg in fn.args:
+        a = np.asarray(inputs[arg.name])
+        t = arg.type
+        if a.dtype != t.dtype.np_dtype or a.shape != t.shape:
+            raise InputError(
+                f"{where}: input '{arg.name}' is {a.dtype} with shape {list(a.shape)}, "
+                f"expected {t.dtype.np_dtype} ({t.dtype.name}) with shape {list(t.shape)}"
+            )
+        env[id(arg)] = a
+    for op in fn.ops:
+        if op.IS_TERMINATOR:
+            break
+        for r, arr in zip(op.results, evaluate_op(op, [env[id(v)] for v in op.operands]), strict=True):
+            env[id(r)] = arr
+    return {
+        name: np.array(env[id(v)], copy=True) for name, v in zip(fn.result_names, fn.outputs, strict=True)
+    }
+
+
+def _out(op: Operation, i: int = 0) -> str:
+    return op.results[i].type.dtype.name
+
+
+# -- structural and elementwise ------------------------------------------------------------------
+@impl(ops.ConstantOp)
+def _constant(op, args):
+    return [op.attrs["value"]]
+
+
+_BINARY_OPS = (ops.AddOp, ops.SubOp, ops.MulOp, ops.DivOp, ops.PowOp, ops.MaxOp, ops.MinOp)
+_COMPARE_OPS = (ops.EqualOp, ops.LessOp, ops.GreaterOp)
+_UNARY_OPS = (
+    ops.NegOp,
+    ops.AbsOp,
+    ops.ExpOp,
+    ops.TanhOp,
+    ops.ErfOp,
+    ops.SqrtOp,
+    ops.RsqrtOp,
+    ops.ReciprocalOp,
+    ops.ReluOp,
+    ops.SigmoidOp,
+    ops.GeluOp,
+)
+
+
+@impl(*_BINARY_OPS, *_COMPARE_OPS)
+def _binary(op, args):
+    a, b = args
+    return [nx.binary(op.func, a, b, _out(op))]
+
+
+@impl(*_UNARY_OPS)
+def _unary(op, args):
+    return [nx.unary(op.func, args[0], _out(op))]
+
+
+@impl(ops.CastOp)
+def _cast(op, args):
+    return [nx.cast(args[0], _out(op))]
+
+
+@impl(ops.SelectOp)
+def _select(op, args):
+    cond, a, b = args
+    return [nx.select(cond, a, b, _out(op))]
+
+
+# -- nn ------------------------------------------------------------------------------------------
+@impl(ops.MatMulOp)
+def _matmul(op, args):
+    a, b = args
+    trans_b = op.attrs["trans_b"]
+    tile = tuple(op.attrs["tile"]) or None
+    m, k = a.shape[-2:]
+    n = b.shape[-2] if trans_b else b.shape[-1]
+    batch = op.result.type.shape[:-2]
+    a3 = np.broadcast_to(a, (*batch, *a.shape[-2:])).reshape(-1, m, k)
+    b3 = np.broadcast_to(b, (*batch, *b.shape[-2:])).reshape(-1, *b.shape[-2:])
+    acc = np.empty((a3.shape[0], m, n), dtype=np.float32)
+    for i in range(a3.shape[0]):
+        # trans_b is a view: matmul_2d reads b's tiles transposed, the order of sums is unchanged
+        acc[i] = nx.matmul_2d(a3[i], b3[i].T if trans_b else b3[i], tile)
+    return [nx.cast(acc.reshape(op.result.type.shape), _out(op))]
+
+
+def _rows(x: np.ndarray, axis: int) -> np.ndarray:
+    """``x`` with ``axis`` moved last, as a C-contiguous (rows, cols) array."""
+    moved = np.moveaxis(x, axis, -1)
+    return np.asarray(moved, order="C").reshape(-1, x.shape[axis])
+
+
+@impl(ops.SoftmaxOp)
+def _softmax(op, args):
+    (x,) = args
+    axis = op.attrs["axis"] % x.ndim
+    if x.size == 0:
+        return [nx.cast(x, _out(op))]
+    x2 = _rows(x, axis)
+    m = nx.row_reduce("max", x2, "f32")
+    d = nx.binary("sub", x2, m[:, None], "f32")
+    e = nx.unary("exp", d, "f32")
+    s = nx.row_reduce("sum", e, "f32")
+    y = nx.binary("div", e, s[:, None], _out(op))
+    moved_shape = np.moveaxis(x, axis, -1).shape
+    return [np.moveaxis(y.reshape(moved_shape), -1, axis)]
+
+
+@impl(ops.LayerNormOp)
+def _layer_norm(op, args):
+    x, scale, bias = args
+    axis = op.attrs["axis"] % x.ndim
+    n = prod(x.shape[axis:])
+    if x.size == 0:
+        return [nx.cast(x, _out(op))]
+    x2 = x.reshape(-1, n)
+    count = np.float32(n)
+    mean = nx.binary("div", nx.row_reduce("sum", x2, "f32"), count, "f32")
+    d = nx.binary("sub", x2, mean[:, None], "f32")
+    var = nx.binary("div", nx.row_reduce("sum", nx.binary("mul", d, d, "f32"), "f32"), count, "f32")
+    r = nx.unary("rsqrt", nx.binary("add", var, np.float32(op.attrs["epsilon"]), "f32"), "f32")
+    y = nx.binary("mul", nx.binary("mul", d, r[:, None], "f32"), scale.reshape(1, n), "f32")
+    y = nx.binary("add", y, bias.reshape(1, n), _out(op))
+    return [y.reshape(x.shape)]
+
+
+def _reduce_rows(op: Operation, x: np.ndarray) -> tuple[np.ndarray, int]:
+    """``x`` with the reduced axes moved last (original order kept), as (rows, count)."""
+    axes = [a % x.ndim for a in op.attrs["axes"]]
+    kept = [i for i in range(x.ndim) if i not in axes]
+    count = prod(x.shape[a] for a in axes)
+    moved = np.transpose(x, kept + sorted(axes))
+    return np.asarray(moved, order="C").reshape(-1, count), count
+
+
+@impl(ops.ReduceSumOp)
+def _reduce_sum(op, args):
+    x2, _ = _reduce_rows(op, args[0])
+    return [nx.row_reduce("sum", x2, _out(op)).reshape(op.result.type.shape)]
+
+
+@impl(ops.ReduceMeanOp)
+def _reduce_mean(op, args):
+    x2, count = _reduce_rows(op, args[0])
+    s = nx.row_reduce("sum", x2, "f32")
+    return [nx.binary("div", s, np.float32(count), _out(op)).reshape(op.result.type.shape)]
+
+
+@impl(ops.ReduceMaxOp)
+def _reduce_max(op, args):
+    x2, count = _reduce_rows(op, args[0])
+    if count == 0:
+        if x2.shape[0]:
+            raise UnsupportedError(f"{op.describe()}: maximum over an empty set of elements is undefined")
+        return [np.empty(op.result.type.shape, dtype=x2.dtype)]
+    return [nx.row_reduce("max", x2, _out(op)).reshape(op.result.type.shape)]
+
+
+# -- shape ---------------------------------------------------------------------------------------
+@impl(ops.ReshapeOp)
+def _reshape(op, args):
+    return [args[0].reshape(op.result.type.shape)]
+
+
+@impl(ops.TransposeOp)
+def _transpose(op, args):
+    return [np.transpose(args[0], op.attrs["perm"])]
+
+
+@impl(ops.ConcatOp)
+def _concat(op, args):
+    return [np.concatenate(args, axis=op.attrs["axis"] % args[0].ndim)]
+
+
+def _python_slice(start: int, end: int, step: int) -> slice:
+    """The Python slice selecting ``range(start, end, step)`` of normalised bounds (never wraps)."""
+    if step < 0:
+        if start == -1:
+            return slice(0, 0)
+        return slice(start, None if end == -1 else end, step)
+    return slice(start, end, step)
+
+
+@impl(ops.SliceOp)
+def _slice(op, args):
+    a = op.attrs
+    index = tuple(_python_slice(*b) for b in zip(a["starts"], a["ends"], a["steps"], strict=True))
+    return [args[0][index]]
+
+
+@impl(ops.GatherOp)
+def _gather(op, args):
+    data, idx = args
+    axis = op.attrs["axis"] % data.ndim
+    n = data.shape[axis]
+    idx = idx.astype(np.int64)
+    bad = (idx < -n) | (idx >= n)
+    if bad.any():
+        raise InputError(
+            f"{op.describe()}: index {int(idx[bad].flat[0])} out of range for axis {axis} of size {n}"
+        )
+    return [np.take(data, np.where(idx < 0, idx + n, idx), axis=axis)]
+
+
+@impl(ops.BroadcastOp)
+def _broadcast(op, args):
+    return [np.broadcast_to(args[0], op.result.type.shape)]
