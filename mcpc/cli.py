@@ -1,0 +1,337 @@
+"""The command line: ``mcp-compile`` and ``mcpc`` (click + rich).  The work is in ``mcpc.driver``.
+
+Error handling lives in one place, ``_guard``: an ``McpcError`` becomes ``error: <message>`` on
+stderr and its exit code; click usage errors exit 2; anything else is an internal error (exit 70,
+traceback only with ``MCPC_DEBUG=1``).  Every command is a ``GuardedCommand`` (groups a
+``GuardedGroup``), so the same codes come out of the console scripts and of ``CliRunner``.
+
+Adding a subcommand: write a ``@click.command(cls=GuardedCommand)`` function that calls into the
+layer doing the work (imported inside the function, so ``mcpc --help`` stays fast) and register it
+with ``cli.add_command(...)`` (or on a subgroup such as ``sim``) at the bottom of this file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import click
+
+from mcpc import __version__
+from mcpc.errors import EXIT_INTERNAL, McpcError
+
+EXIT_CODES_EPILOG = """\b
+Exit codes:
+  0   ok
+  1   check failed (outputs outside tolerance)
+  2   usage error
+  3   bad input (ONNX, IR, config, target, .mcpb, missing file)
+  4   unsupported op or dtype
+  5   simulator trap
+  70  internal error (please report; MCPC_DEBUG=1 shows the traceback)
+"""
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    # soft_wrap: never break a message (file paths, key paths) at the terminal width
+    return Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+def _stdout_console():
+    from rich.console import Console
+
+    return Console(soft_wrap=True, highlight=False)
+
+
+def _print_error(prefix: str, message: str) -> None:
+    from rich.text import Text
+
+    _stderr_console().print(Text.assemble((prefix, "bold red"), message))
+
+
+def _guard(invoke, ctx: click.Context):
+    """Run a command, turning exceptions into a message on stderr and the documented exit code."""
+    try:
+        return invoke(ctx)
+    except (click.exceptions.Exit, click.ClickException, click.Abort):
+        raise  # click reports these itself (usage errors exit 2)
+    except McpcError as err:
+        if os.environ.get("MCPC_DEBUG"):
+            traceback.print_exc()
+        if err.exit_code == EXIT_INTERNAL:  # VerifyError after a pass, PassError, EncodeError: our bug
+            _print_error("internal error: ", f"{err.message}\nThis is a bug in mcpc: please report it.")
+        else:
+            _print_error("error: ", err.message)
+        raise click.exceptions.Exit(err.exit_code) from None
+    except Exception as err:
+        if os.environ.get("MCPC_DEBUG"):
+            traceback.print_exc()
+        notes = "".join(f" ({note})" for note in getattr(err, "__notes__", ()))
+        _print_error(
+            "internal error: ",
+            f"{type(err).__name__}: {err}{notes}\nThis is a bug in mcpc: please report it "
+            "with the output of the same command run with MCPC_DEBUG=1.",
+        )
+        raise click.exceptions.Exit(EXIT_INTERNAL) from None
+
+
+class GuardedCommand(click.Command):
+    """A click command whose errors go through ``_guard``."""
+
+    def invoke(self, ctx: click.Context):
+        return _guard(super().invoke, ctx)
+
+
+class GuardedGroup(click.Group):
+    """A click group whose own callback and subcommands' errors go through ``_guard``."""
+
+    command_class = GuardedCommand
+
+    def invoke(self, ctx: click.Context):
+        return _guard(super().invoke, ctx)
+
+
+GuardedGroup.group_class = GuardedGroup
+
+
+# -- option parsing (click.BadParameter -> exit 2) ---------------------------------------------
+
+
+def _split_assignment(param: click.Parameter, item: str) -> tuple[str, str]:
+    name, sep, value = item.partition("=")
+    if not sep or not name.strip() or not value.strip():
+        raise click.BadParameter(f"expected NAME=VALUE, got {item!r}", param=param)
+    return name.strip(), value.strip()
+
+
+def _parse_shapes(ctx, param, items) -> dict[str, tuple[int, ...]] | None:
+    shapes = {}
+    for item in items:
+        name, value = _split_assignment(param, item)
+        try:
+            dims = tuple(int(d) for d in value.lower().split("x"))
+        except ValueError:
+            raise click.BadParameter(
+                f"{item!r}: shape must be sizes joined by 'x', e.g. 1x128", param=param
+            ) from None
+        if any(d < 0 for d in dims):
+            raise click.BadParameter(f"{item!r}: sizes must be >= 0", param=param)
+        shapes[name] = dims
+    return shapes or None
+
+
+def _parse_dims(ctx, param, items) -> dict[str, int] | None:
+    dims = {}
+    for item in items:
+        name, value = _split_assignment(param, item)
+        try:
+            dims[name] = int(value)
+        except ValueError:
+            raise click.BadParameter(f"{item!r}: size must be an integer", param=param) from None
+        if dims[name] < 0:
+            raise click.BadParameter(f"{item!r}: size must be >= 0", param=param)
+    return dims or None
+
+
+def _parse_sets(ctx, param, items) -> list[str]:
+    for item in items:
+        _split_assignment(param, item)
+    return list(items)
+
+
+# -- compile ---------------------------------------------------------------------------------
+
+
+@click.command(
+    "compile",
+    cls=GuardedCommand,
+    epilog=EXIT_CODES_EPILOG,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.argument(
+    "model", type=click.Path(path_type=Path, dir_okay=False), required=False, metavar="MODEL.onnx"
+)
+@click.option(
+    "--target", "-t", default="mcp2026-a100", show_default=True, help="Shipped target name or YAML path."
+)
+@click.option(
+    "--qat-config", "-c", default="fp16.yaml", show_default=True, help="Shipped config name or path."
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path, dir_okay=False, allow_dash=True),
+    help="Output file (default: MODEL with .mcpb/.s/.mcpir next to it; '-' = stdout for text).",
+)
+@click.option(
+    "--shape",
+    "shapes",
+    multiple=True,
+    callback=_parse_shapes,
+    metavar="NAME=1x128",
+    help="Bind every dim of one input (repeatable).",
+)
+@click.option(
+    "--dim",
+    "dims",
+    multiple=True,
+    callback=_parse_dims,
+    metavar="NAME=128",
+    help="Bind a symbolic dim everywhere it appears (repeatable).",
+)
+@click.option(
+    "--passes", default=None, metavar="PIPELINE", help="Pipeline text replacing the config's pipeline."
+)
+@click.option("--print-pipeline", is_flag=True, help="Print the effective pipeline and exit.")
+@click.option("--print-ir-after-all", is_flag=True, help="Print the IR after every pass (stderr).")
+@click.option("--time-passes", is_flag=True, help="Print per-pass wall time (stderr).")
+@click.option("--emit", type=click.Choice(["mcpb", "asm", "ir"]), default="mcpb", show_default=True)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    callback=_parse_sets,
+    metavar="KEY=VALUE",
+    help="Override one target field, e.g. sram.size_bytes=8388608 (repeatable).",
+)
+@click.option(
+    "--report-json", type=click.Path(path_type=Path, dir_okay=False), help="Write a JSON compile report."
+)
+@click.version_option(__version__)
+def compile_command(model, target, qat_config, output, shapes, dims, passes, print_pipeline,
+                    print_ir_after_all, time_passes, emit, overrides, report_json):  # fmt: skip
+    """Compile an ONNX model for the MCP 2026 NPU."""
+    from mcpc import driver
+    from mcpc.passes import format_pipeline
+
+    if print_pipeline:
+        click.echo(format_pipeline(driver.resolve_passes(qat_config, passes)))
+        return
+    if model is None:
+        raise click.UsageError("Missing argument 'MODEL.onnx'.")
+    to_stdout = output is not None and str(output) == "-"
+    if to_stdout and emit == "mcpb":
+        raise click.BadParameter("'-' (stdout) is only for --emit ir or --emit asm", param_hint="'-o'")
+    if output is None:
+        output = driver.default_output(model, emit)
+    result = driver.compile(
+        model,
+        target=target,
+        qat_config=qat_config,
+        passes=passes,
+        emit=emit,
+        output=None if to_stdout else output,
+        shapes=shapes,
+        dims=dims,
+        overrides=overrides,
+        print_ir_after_all=sys.stderr if print_ir_after_all else None,
+        time_passes=time_passes,
+    )
+    if time_passes:
+        result.pass_manager.print_timings(sys.stderr)
+    if report_json is not None:
+        driver.write_report(report_json, result.report)
+    if to_stdout:
+        click.echo(result.text, nl=False)
+    else:
+        _print_summary(result)
+
+
+def _print_summary(result) -> None:
+    report = result.report
+    ops = report["ir_ops"]
+    top = ", ".join(f"{name} x{count}" for name, count in sorted(ops.items(), key=lambda kv: -kv[1])[:6])
+    line = f"wrote {result.output}  [{report['target']}, {report['qat_config']}]  {sum(ops.values())} IR ops"
+    if top:
+        line += f" ({top})"
+    if "program" in report:
+        stats = report["program"]
+        line += f"; {stats['instructions']} instructions, {stats['constant_bytes']} constant bytes"
+    from rich.text import Text
+
+    _stdout_console().print(Text(line))
+
+
+# -- mcpc group --------------------------------------------------------------------------------
+
+
+@click.group(
+    cls=GuardedGroup, epilog=EXIT_CODES_EPILOG, context_settings={"help_option_names": ["-h", "--help"]}
+)
+@click.version_option(__version__)
+def cli():
+    """mcpc: compile ONNX models for the MCP 2026 NPU, simulate and profile them."""
+
+
+@click.command("targets", cls=GuardedCommand)
+def targets_command():
+    """List the shipped target descriptions."""
+    from rich.table import Table
+
+    from mcpc.arch.target import list_targets
+
+    table = Table(title="shipped targets", title_justify="left")
+    for column, justify in [("name", "left"), ("clock MHz", "right"), ("f16 MACs/cycle", "right"),
+                            ("SRAM", "right"), ("DRAM GB/s", "right"), ("modelled on", "left")]:  # fmt: skip
+        table.add_column(column, justify=justify, overflow="fold")
+    for t in list_targets():
+        table.add_row(
+            t.name,
+            f"{t.clock_mhz:g}",
+            str(t.mac.macs_per_cycle.get("f16", "-")),
+            _bytes(t.sram.size_bytes),
+            f"{t.dram.bandwidth_gbps:g}",
+            t.modelled_on.split(":")[0],
+        )
+    _stdout_console().print(table)
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:g} {unit}" if unit == "B" else f"{n:.4g} {unit}"
+        n /= 1024
+    return str(n)  # pragma: no cover
+
+
+@click.group("examples", cls=GuardedGroup)
+def examples_group():
+    """Bundled example models."""
+
+
+@examples_group.command("build")
+@click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
+def examples_build(directory: Path):
+    """Write the bundled example ONNX models into DIRECTORY (created if missing)."""
+    from mcpc.examples import build_examples
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for path in build_examples(directory):
+        click.echo(str(path))
+
+
+def _has_module(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+# Registration.  A command backed by a module another layer delivers is registered only once that
+# module exists, so `mcpc --help` never lists a command that cannot work.
+cli.add_command(compile_command)
+cli.add_command(targets_command)
+if _has_module("mcpc.examples"):
+    cli.add_command(examples_group)
+
+
+def main() -> None:
+    """Console script ``mcpc``."""
+    cli.main(prog_name="mcpc")
+
+
+def compile_main() -> None:
+    """Console script ``mcp-compile`` (the same command object as ``mcpc compile``)."""
+    compile_command.main(prog_name="mcp-compile")

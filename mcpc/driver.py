@@ -1,0 +1,243 @@
+"""The Python API and the wiring behind the CLI: config + target + import + passes + backend + output.
+
+No logic of its own: each step is a call into the layer that owns it.  Guarantees for every entry
+point here: errors are ``mcpc.errors`` classes (with their exit codes); an output file is either
+written completely (temp file + ``os.replace``) or not touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from mcpc import __version__
+from mcpc.errors import ConfigError, InputError, UnsupportedError, UsageError
+
+DEFAULT_TARGET = "mcp2026-a100"
+DEFAULT_QAT_CONFIG = "fp16.yaml"
+EMIT_SUFFIX = {"mcpb": ".mcpb", "asm": ".s", "ir": ".mcpir"}
+
+
+@dataclass
+class CompileResult:
+    """What ``compile`` produced.
+
+    ``module`` is the IR after the pipeline; ``program`` the ``mcpc.arch.mcpb.Program`` (None for
+    ``emit="ir"``); ``text`` the IR or assembly text for text emits (None for ``mcpb``);
+    ``output`` the file written (None when nothing was written); ``report`` a JSON-ready dict.
+    """
+
+    module: Any
+    program: Any
+    text: str | None
+    output: Path | None
+    report: dict[str, Any]
+    pass_manager: Any = field(repr=False, default=None)
+
+
+def write_atomic(path: str | Path, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` via a temp file in the same directory and ``os.replace``.
+
+    Guarantees a reader never sees a partial file and an exception leaves ``path`` untouched.
+    Raises InputError when the directory does not exist or is not writable.
+    """
+    path = Path(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot write output: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def default_output(model_path: str | Path, emit: str) -> Path:
+    """``MODEL`` with the emit's suffix (``.mcpb``, ``.s``, ``.mcpir``), next to the model."""
+    return Path(model_path).with_suffix(_emit_suffix(emit))
+
+
+def _emit_suffix(emit: str) -> str:
+    if emit not in EMIT_SUFFIX:
+        raise UsageError(f"unknown emit kind {emit!r} (expected one of {', '.join(EMIT_SUFFIX)})")
+    return EMIT_SUFFIX[emit]
+
+
+def load_model(path: str | Path, shapes: dict | None = None, dims: dict | None = None):
+    """Import an ONNX file into an MCP IR ``Module``, binding symbolic dims.
+
+    ``shapes`` maps an input name to its full shape (``{"input_ids": (1, 128)}``), ``dims`` a
+    symbolic dim name to a size everywhere (``{"seq": 128}``).  Raises InputError for a missing
+    or malformed file or an unbound dim, UnsupportedError naming every unsupported node.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such model file")
+    from mcpc.ir.onnx_import import import_onnx
+
+    return import_onnx(str(path), shapes, dims)
+
+
+def load_qat_config(qat_config):
+    """A ``QatConfig`` from a shipped name, a path, or an already loaded config (returned as is)."""
+    from mcpc.qat_configs import QatConfig, load_config
+
+    return qat_config if isinstance(qat_config, QatConfig) else load_config(qat_config)
+
+
+def resolve_passes(qat_config=DEFAULT_QAT_CONFIG, passes: str | None = None) -> list:
+    """The effective pipeline: ``passes`` text when given (it replaces the config's), else the config's.
+
+    Unknown passes or options are a UsageError for ``passes`` and a ConfigError naming the config
+    file (and its ``pipeline`` key) when they come from the config.
+    """
+    from mcpc.passes import build_pipeline, load_all_passes
+
+    load_all_passes()
+    if passes is not None:
+        return build_pipeline(passes)
+    config = load_qat_config(qat_config)
+    try:
+        return build_pipeline(config.pipeline_text())
+    except UsageError as exc:
+        raise ConfigError(f"{config.source}: pipeline: {exc.message}") from None
+
+
+def load_target(target=DEFAULT_TARGET, overrides=()):
+    """A ``Target`` from a shipped name or path with ``key=value`` overrides, or a Target as is."""
+    from mcpc.arch.target import Target
+    from mcpc.arch.target import load_target as _load
+
+    if isinstance(target, Target):
+        if overrides:
+            raise UsageError("overrides need a target name or path, not a Target object")
+        return target
+    return _load(target, list(overrides))
+
+
+def _check_output_dir(output: Path) -> None:
+    # Checked before any work so a typo in -o fails in milliseconds, not after a long compile.
+    if not output.parent.is_dir():
+        raise InputError(f"{output}: output directory {str(output.parent)!r} does not exist")
+
+
+def compile(  # noqa: A001 - the public API name (mcpc.compile) is part of the spec
+    model,
+    target=DEFAULT_TARGET,
+    qat_config=DEFAULT_QAT_CONFIG,
+    passes: str | None = None,
+    emit: str = "mcpb",
+    output: str | Path | None = None,
+    shapes: dict | None = None,
+    dims: dict | None = None,
+    overrides=(),
+    *,
+    print_ir_after_all: TextIO | None = None,
+    time_passes: bool = False,
+) -> CompileResult:
+    """Compile ``model`` (an ONNX path or an already imported ``Module``, which is modified in
+    place) for ``target`` with ``qat_config``; write ``output`` when given.
+
+    ``passes`` (pipeline text) replaces the config's pipeline.  ``emit`` is ``mcpb``, ``asm`` or
+    ``ir``.  The result's ``report`` lists the target, config, pipeline, per-pass times and, for
+    programs, instruction and constant sizes.
+    """
+    from mcpc.passes import PassContext, PassManager, format_pass
+
+    _emit_suffix(emit)
+    if isinstance(model, (str, Path)) and not Path(model).is_file():
+        raise InputError(f"{model}: no such model file")  # the most basic mistake is reported first
+    output = Path(output) if output is not None else None
+    if output is not None:
+        _check_output_dir(output)
+    config = load_qat_config(qat_config)
+    pipeline = resolve_passes(config, passes)
+    tgt = load_target(target, overrides)
+    module = load_model(model, shapes, dims) if isinstance(model, (str, Path)) else model
+
+    pm = PassManager(pipeline, print_ir_after_all=print_ir_after_all, time_passes=time_passes)
+    module = pm.run(module, PassContext(target=tgt, config=config))
+
+    program, text = None, None
+    if emit == "ir":
+        from mcpc.ir import print_module
+
+        text = print_module(module)
+    else:
+        program = _compile_to_program(module, tgt, config, pipeline, model)
+        if emit == "asm":
+            from mcpc.arch.asm import disassemble
+
+            text = disassemble(program.text, program.debug)
+    if output is not None:
+        if text is not None:
+            write_atomic(output, text)
+        else:
+            from mcpc.arch.mcpb import write_mcpb
+
+            write_mcpb(output, program)
+
+    report = {
+        "mcpc_version": __version__,
+        "model": Path(model).name if isinstance(model, (str, Path)) else getattr(model, "name", None),
+        "target": tgt.name,
+        "target_digest": tgt.digest(),
+        "qat_config": config.name,
+        "qat_config_source": config.source,
+        "pipeline": [format_pass(p) for p in pipeline],
+        "pass_times": [
+            {"pass": t.pass_text, "seconds": t.seconds, "verify_seconds": t.verify_seconds}
+            for t in pm.timings
+        ],
+        "emit": emit,
+        "output": str(output) if output is not None else None,
+        "ir_ops": dict(sorted(Counter(op.name for op in module.walk()).items())),
+    }
+    if program is not None:
+        report["program"] = program_stats(program)
+    return CompileResult(module, program, text, output, report, pm)
+
+
+def _compile_to_program(module, target, config, pipeline, model):
+    import mcpc.backend
+    from mcpc.passes import format_pass
+
+    compile_to_program = getattr(mcpc.backend, "compile_to_program", None)
+    if compile_to_program is None:  # the backend lands separately from the front end
+        raise UnsupportedError("this build of mcpc has no backend yet: only --emit ir is available")
+
+    options = {
+        "precision": config.name,
+        "tolerances": {"rtol": config.check.rtol, "atol": config.check.atol},
+        "passes": [format_pass(p) for p in pipeline],
+        "source_model": Path(model).name if isinstance(model, (str, Path)) else None,
+        "qat_config": config,
+    }
+    return compile_to_program(module, target, options)
+
+
+def program_stats(program) -> dict[str, Any]:
+    """Sizes a CI report tracks: instructions, constant bytes, planned SRAM peak, entry points."""
+    from mcpc.arch.isa import INSTR_BYTES
+
+    memory_map = program.memory_map or {}
+    return {
+        "instructions": len(program.text) // INSTR_BYTES,
+        "constant_bytes": len(program.constants),
+        "sram_peak_bytes": memory_map.get("sram_peak_bytes"),
+        "entries": [e.get("name") for e in (program.entries or [])],
+    }
+
+
+def write_report(path: str | Path, report: dict[str, Any]) -> None:
+    """Write a compile report as sorted, indented JSON (atomically)."""
+    write_atomic(path, json.dumps(report, indent=2, sort_keys=True) + "\n")
