@@ -112,7 +112,10 @@ def binary(func: str, a: np.ndarray, b: np.ndarray, out: str) -> np.ndarray:
     with np.errstate(all="ignore"):
         if func == "div":
             if np.issubdtype(wa.dtype, np.integer):
-                r = np.trunc(wa.astype(np.float64) / wb.astype(np.float64)).astype(np.int64)
+                # exact integer quotient truncated toward zero (an f64 detour is wrong past 2**53);
+                # division by zero gives 0 (undefined in ONNX)
+                q = np.floor_divide(wa, wb)
+                r = q + ((np.remainder(wa, wb) != 0) & ((wa < 0) != (wb < 0)))
             else:
                 r = np.divide(wa, wb)
         elif func == "pow" and np.issubdtype(wa.dtype, np.floating):

@@ -15,11 +15,11 @@ from collections.abc import Callable
 from math import prod
 
 import numpy as np
+
 from mcpc.arch import numerics as nx
+from mcpc.errors import InputError, McpcError, UnsupportedError
 from mcpc.ir import ops
 from mcpc.ir.core import Module, Operation
-
-from mcpc.errors import InputError, McpcError, UnsupportedError
 
 Handler = Callable[[Operation, list[np.ndarray]], list[np.ndarray]]
 _IMPLS: dict[type[Operation], Handler] = {}

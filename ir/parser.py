@@ -177,6 +177,7 @@ class _Parser:
         if c.accept("}"):
             return out
         while True:
+            c.skip()
             key_pos = c.pos
             key = c.name()
             if key in out:
@@ -256,6 +257,7 @@ class _Parser:
         result_specs = []
         if not c.accept(")"):
             while True:
+                c.skip()
                 pos = c.pos
                 rname = c.string()
                 c.expect(":")
@@ -292,8 +294,10 @@ class _Parser:
         defs: list[tuple[str, int]] = []
         if c.peek("%"):
             while True:
+                c.skip()
+                def_pos = c.pos
                 c.expect("%")
-                defs.append((c.value_name()[0], c.pos))
+                defs.append((c.value_name()[0], def_pos))
                 if not c.accept(","):
                     break
             c.expect("=")
