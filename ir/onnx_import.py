@@ -1,0 +1,433 @@
+"""ONNX → MCP IR: load, bind symbolic dims, fold shape subgraphs, build one ``main`` function.
+
+``import_onnx(model, shapes, dims)`` assumes an ONNX model of default-domain opset 13–28 and
+guarantees a ``Module`` that verifies, or one of these errors:
+
+* ``InputError`` — unreadable/truncated file, checker failure, an input dim that is still symbolic
+  after binding (naming the input, dim position and dim param, and how to bind it), a shape given
+  for a non-existent input.
+* ``UnsupportedError`` — every unsupported node listed at once as
+  ``node 'name' (op_type OpType, opset N)``, plus unsupported input/output dtypes.
+* ``McpcError`` (exit 70) — an importer bug: our type inference disagrees with ONNX's.
+
+Import-time values are either numpy arrays (known constants) or IR ``Value``s.  A node whose
+inputs are all constants is evaluated at import with the IR interpreter's ``evaluate_op`` (one
+semantics definition), so shape subgraphs (Shape → Gather → Concat → Reshape …) vanish.  int64
+constants stay int64 during import; an int64 tensor that reaches the IR becomes i32 (indices), and
+i64 exists in the IR only at function arguments/results, with a ``mcp.cast`` right after/before.
+float64 constants (initializers, Constant nodes, Cast to double) are converted to f32 — a
+rounding, not a lossless conversion; float64 model inputs/outputs are unsupported.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from mcpc.errors import InputError, McpcError, UnsupportedError
+from mcpc.ir import ops_nn, ops_shape  # noqa: F401  (registers the ops the handlers emit)
+from mcpc.ir.core import Function, Module, Operation, Value
+from mcpc.ir.dtypes import I32, I64, DType, dtype_from_numpy
+from mcpc.ir.interpreter import evaluate_op
+from mcpc.ir.onnx_handlers import CHECKS, HANDLERS, onnx_dtype
+from mcpc.ir.ops_core import ConstantOp, ReturnOp
+from mcpc.ir.ops_elementwise import CastOp
+from mcpc.ir.types import TensorType
+
+MIN_OPSET, MAX_OPSET = 13, 28
+# Import-time folding never grows constant storage past this (see ``Importer.emit``).
+IMPORT_FOLD_MAX_ELEMENTS = 1 << 22
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+class ImporterBug(McpcError):
+    """Our own type inference disagrees with ONNX's: a bug in the importer (exit code 70)."""
+
+
+def import_onnx(
+    model: str | Path | onnx.ModelProto,
+    shapes: dict[str, tuple[int, ...]] | None = None,
+    dims: dict[str, int] | None = None,
+) -> Module:
+    """Import ``model`` (a path or a ModelProto) into a verified ``Module`` with one ``main``.
+
+    ``shapes`` binds whole inputs (``{"input_ids": (1, 128)}``); ``dims`` binds a named dim param
+    everywhere (``{"seq": 128}``).  Function arguments are the graph inputs that are not
+    initializers, in order; ``result_names`` are the graph output names; every op's ``loc`` is the
+    ONNX node name (``<op_type>_<index>`` when unnamed).
+    """
+    proto, label, name = _load(model)
+    try:
+        onnx.checker.check_model(proto)
+    except Exception as e:  # ValidationError, or a protobuf problem
+        raise InputError(f"{label}: not a valid ONNX model: {_first_line(e)}") from None
+    opset = default_opset(proto, label)
+    if proto.functions:
+        proto = onnx.inliner.inline_local_functions(proto)
+    bound = bind_input_shapes(proto.graph, label, shapes or {}, dims or {})
+    inferred = _onnx_shapes(proto, bound)
+    return _Importer(proto.graph, label, name, opset, bound, inferred).run()
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _load(model) -> tuple[onnx.ModelProto, str, str]:
+    if isinstance(model, onnx.ModelProto):
+        return model, f"model '{model.graph.name or 'model'}'", model.graph.name or "model"
+    path = Path(model)
+    if not path.is_file():
+        raise InputError(f"{path}: no such ONNX file")
+    try:
+        proto = onnx.load(str(path))  # external data resolves relative to the model's folder
+    except Exception as e:  # protobuf DecodeError, missing external data, ...
+        raise InputError(
+            f"{path}: cannot read ONNX model (truncated or not ONNX?): {_first_line(e)}"
+        ) from None
+    if not proto.graph.node and not proto.graph.output:
+        raise InputError(f"{path}: cannot read ONNX model: the file holds no graph (truncated or not ONNX?)")
+    return proto, str(path), path.stem
+
+
+def default_opset(proto: onnx.ModelProto, label: str) -> int:
+    """The default-domain opset; UnsupportedError outside 13–28."""
+    versions = [o.version for o in proto.opset_import if o.domain in _DEFAULT_DOMAINS]
+    if not versions:
+        raise InputError(f"{label}: the model imports no default-domain (ai.onnx) opset")
+    opset = versions[0]
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise UnsupportedError(
+            f"{label}: ONNX opset {opset} is not supported (supported: {MIN_OPSET} to {MAX_OPSET}); "
+            "convert it with onnx.version_converter.convert_version(model, 17)"
+        )
+    return opset
+
+
+def _graph_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
+    """Graph inputs that are real inputs (initializers listed as inputs are constants)."""
+    inits = {t.name for t in graph.initializer}
+    return [i for i in graph.input if i.name not in inits]
+
+
+def bind_input_shapes(
+    graph: onnx.GraphProto, label: str, shapes: dict[str, tuple[int, ...]], dims: dict[str, int]
+) -> dict[str, tuple[int, ...]]:
+    """Static shape of every real graph input after binding, or InputError naming what is unbound.
+
+    A whole-input binding also teaches the dim params it covers (``shapes={"ids": (1, 128)}`` on
+    ``ids: [batch, seq]`` binds ``seq=128`` for every other input); conflicting bindings are errors.
+    """
+    inputs = _graph_inputs(graph)
+    names = [i.name for i in inputs]
+    for name in shapes:
+        if name not in names:
+            raise InputError(f"{label}: --shape given for '{name}', which is not an input (inputs: {names})")
+    learned = {k: int(v) for k, v in dims.items()}
+    for inp in inputs:
+        if inp.name not in shapes:
+            continue
+        want = tuple(int(d) for d in shapes[inp.name])
+        tt = inp.type.tensor_type
+        if tt.HasField("shape"):
+            if len(tt.shape.dim) != len(want):
+                raise InputError(
+                    f"{label}: --shape {inp.name}={'x'.join(map(str, want))} has rank {len(want)}, "
+                    f"but the input has rank {len(tt.shape.dim)}"
+                )
+            for pos, (d, w) in enumerate(zip(tt.shape.dim, want, strict=True)):
+                if d.HasField("dim_value") and d.dim_value != w:
+                    raise InputError(
+                        f"{label}: --shape {inp.name}: dim {pos} is fixed to {d.dim_value} by the model, "
+                        f"not {w}"
+                    )
+                if d.HasField("dim_param") and d.dim_param:
+                    if learned.setdefault(d.dim_param, w) != w:
+                        raise InputError(
+                            f"{label}: dim '{d.dim_param}' is bound to both {learned[d.dim_param]} and {w} "
+                            f"(input '{inp.name}', dim {pos})"
+                        )
+    bound: dict[str, tuple[int, ...]] = {}
+    for inp in inputs:
+        if inp.name in shapes:
+            bound[inp.name] = tuple(int(d) for d in shapes[inp.name])
+            continue
+        if not inp.type.HasField("tensor_type"):
+            raise UnsupportedError(
+                f"{label}: input '{inp.name}' is not a tensor (sequences/maps are unsupported)"
+            )
+        tt = inp.type.tensor_type
+        if not tt.HasField("shape"):
+            raise InputError(
+                f"{label}: input '{inp.name}' has an unknown rank; bind it with "
+                f"--shape {inp.name}=1x128 (e.g.)"
+            )
+        shape = []
+        for pos, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value"):
+                shape.append(d.dim_value)
+            elif d.dim_param and d.dim_param in learned:
+                shape.append(learned[d.dim_param])
+            else:
+                param = f"'{d.dim_param}'" if d.dim_param else "(unnamed)"
+                pattern = "x".join("N" if i == pos else "?" for i in range(len(tt.shape.dim)))
+                how = f"--dim {d.dim_param}=N or " if d.dim_param else ""
+                raise InputError(
+                    f"{label}: input '{inp.name}' dim {pos} is symbolic {param}; bind it with "
+                    f"{how}--shape {inp.name}={pattern}"
+                )
+        bound[inp.name] = tuple(shape)
+    for pos_name, value in learned.items():
+        if value < 0:
+            raise InputError(f"{label}: dim '{pos_name}' bound to a negative size {value}")
+    return bound
+
+
+def _onnx_shapes(proto: onnx.ModelProto, bound: dict[str, tuple[int, ...]]) -> dict[str, list[int | None]]:
+    """ONNX's own shape inference on the bound model: name -> dims (None where unknown).
+
+    Used only as a cross-check of our inference; failures of ONNX inference are not fatal.
+    """
+    m = onnx.ModelProto()
+    m.CopyFrom(proto)
+    del m.graph.value_info[:]  # exporter value_info may hold stale symbolic dims
+    for inp in m.graph.input:
+        if inp.name in bound and inp.type.HasField("tensor_type"):
+            shape = inp.type.tensor_type.shape
+            del shape.dim[:]
+            for d in bound[inp.name]:
+                shape.dim.add().dim_value = d
+    for out in m.graph.output:
+        if out.type.HasField("tensor_type"):
+            out.type.tensor_type.ClearField("shape")
+    try:
+        m = onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
+    except Exception:
+        return {}
+    found: dict[str, list[int | None]] = {}
+    for vi in list(m.graph.value_info) + list(m.graph.output):
+        tt = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and tt.HasField("shape"):
+            found[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+    return found
+
+
+def _to_const(arr: np.ndarray) -> np.ndarray:
+    """An ONNX tensor as an import-time constant (float64 → f32, documented as a rounding)."""
+    if arr.dtype == np.float64:
+        return arr.astype(np.float32)
+    dtype_from_numpy(arr.dtype)  # ValueError for dtypes the IR lacks
+    return arr
+
+
+class _Importer:
+    """Walks the graph once in order; also the ``ctx`` every handler receives."""
+
+    def __init__(self, graph, label, name, opset, bound, inferred):
+        self.graph, self.label, self.opset = graph, label, opset
+        self.bound, self.inferred = bound, inferred
+        self.module = Module(name)
+        self.env: dict[str, np.ndarray | Value] = {}
+        self._consts: dict[int, tuple[np.ndarray, Value]] = {}
+        self.node: onnx.NodeProto | None = None
+        self.loc: str | None = None
+        self.attrs: dict = {}
+
+    # -- driver -----------------------------------------------------------------------------
+    def run(self) -> Module:
+        self._check_supported()
+        inputs = _graph_inputs(self.graph)
+        types = [TensorType(self.bound[i.name], onnx_dtype(i.type.tensor_type.elem_type)) for i in inputs]
+        self.func = Function("main", types, [i.name for i in inputs])
+        self.module.add_function(self.func)
+        for init in self.graph.initializer:
+            self.env[init.name] = self._tensor(init, f"initializer '{init.name}'")
+        for arg in self.func.args:
+            if arg.type.dtype == I64:  # i64 only at the boundary: indices are i32 inside
+                self.func.append(CastOp([arg], {"to": I32}, loc=arg.name))
+                self.env[arg.name] = self.func.ops[-1].result
+            else:
+                self.env[arg.name] = arg
+        for index, node in enumerate(self.graph.node):
+            self._convert(node, index)
+        self._return()
+        try:
+            self.module.verify()
+        except McpcError as e:
+            raise ImporterBug(f"{self.label}: internal error: the imported IR does not verify: {e}") from None
+        return self.module
+
+    def _check_supported(self) -> None:
+        used = {n for node in self.graph.node for n in node.input} | {o.name for o in self.graph.output}
+        problems = []
+        for vi, what in [(i, "input") for i in _graph_inputs(self.graph)] + [
+            (o, "output") for o in self.graph.output
+        ]:
+            elem = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
+            try:
+                onnx_dtype(elem)
+            except UnsupportedError as e:
+                problems.append(f"{what} '{vi.name}': {e}")
+        for index, node in enumerate(self.graph.node):
+            where = f"node '{node.name or f'{node.op_type}_{index}'}' (op_type {node.op_type}"
+            if node.domain not in _DEFAULT_DOMAINS:
+                problems.append(f"{where}, domain {node.domain}): custom-domain ops are not supported")
+            elif node.op_type not in HANDLERS:
+                problems.append(f"{where}, opset {self.opset})")
+            elif node.op_type in CHECKS:
+                reason = CHECKS[node.op_type](node, _attrs(node), self.opset, used)
+                if reason:
+                    problems.append(f"{where}, opset {self.opset}): {reason}")
+        if problems:
+            raise UnsupportedError(
+                f"{self.label}: {len(problems)} unsupported item(s): " + "; ".join(problems)
+            )
+
+    def _convert(self, node: onnx.NodeProto, index: int) -> None:
+        self.node, self.loc = node, node.name or f"{node.op_type}_{index}"
+        self.attrs = _attrs(node)
+        ins = []
+        for name in node.input:
+            if name == "":
+                ins.append(None)
+            elif name not in self.env:
+                raise InputError(f"{self.where()}: uses '{name}', which no earlier node defines")
+            else:
+                ins.append(self.env[name])
+        outs = HANDLERS[node.op_type](self, ins)
+        for name, term in zip(node.output, outs, strict=False):
+            if name:
+                self.env[name] = term
+                self._cross_check(name, term)
+
+    def _cross_check(self, name: str, term) -> None:
+        theirs = self.inferred.get(name)
+        if theirs is None:
+            return
+        ours = self.shape(term)
+        if len(theirs) != len(ours) or any(
+            t is not None and t != o for t, o in zip(theirs, ours, strict=False)
+        ):
+            raise ImporterBug(
+                f"{self.where()}: internal error: output '{name}' has shape {list(ours)} in the IR but "
+                f"ONNX infers {['?' if t is None else t for t in theirs]} (an importer bug)"
+            )
+
+    def _return(self) -> None:
+        args = {a.name: a for a in self.func.args}
+        values = []
+        for out in self.graph.output:
+            declared = onnx_dtype(out.type.tensor_type.elem_type)
+            if out.name in args:  # an output that is an input: return the argument itself
+                values.append(args[out.name])
+                continue
+            if out.name not in self.env:
+                raise InputError(f"{self.label}: graph output '{out.name}' is never computed")
+            self.node, self.loc = None, out.name
+            v = self.value(self.env[out.name])
+            if v.type.dtype != declared:
+                if not (declared == I64 and v.type.dtype == I32):
+                    raise ImporterBug(
+                        f"{self.label}: internal error: output '{out.name}' is {v.type} "
+                        f"but declared {declared}"
+                    )
+                v = self.func.append(CastOp([v], {"to": I64}, loc=out.name)).result
+            values.append(v)
+        self.func.result_names = [o.name for o in self.graph.output]
+        self.func.append(ReturnOp(values))
+
+    # -- the handler API -------------------------------------------------------------------
+    def where(self) -> str:
+        if self.node is None:
+            return f"{self.label}: output '{self.loc}'"
+        return f"{self.label}: node '{self.loc}' (op_type {self.node.op_type}, opset {self.opset})"
+
+    def unsupported(self, why: str) -> UnsupportedError:
+        return UnsupportedError(f"{self.where()}: {why}")
+
+    def attr(self, key: str, default=None):
+        return self.attrs.get(key, default)
+
+    @staticmethod
+    def shape(term) -> tuple[int, ...]:
+        return tuple(term.shape) if isinstance(term, np.ndarray) else term.type.shape
+
+    @staticmethod
+    def dtype(term) -> DType:
+        return dtype_from_numpy(term.dtype) if isinstance(term, np.ndarray) else term.type.dtype
+
+    def const(self, term, what: str) -> np.ndarray:
+        """``term`` as a numpy array; UnsupportedError when it is only known at run time."""
+        if isinstance(term, np.ndarray):
+            return term
+        raise self.unsupported(f"{what} must be a constant (computable at import), but it depends on inputs")
+
+    def ints(self, term, what: str) -> list[int]:
+        return [int(x) for x in self.const(term, what).reshape(-1)]
+
+    def emit(self, cls: type[Operation], operands, attrs: dict | None = None):
+        """Apply IR op ``cls``: evaluated now when every operand is a constant (and the result does
+        not grow constant storage past ``IMPORT_FOLD_MAX_ELEMENTS``), else appended to ``main``.
+        Returns the one result (array or Value), or a list when the op has several."""
+        attrs = dict(attrs or {})
+        if all(isinstance(t, np.ndarray) for t in operands):
+            dummies = [Value(TensorType(t.shape, dtype_from_numpy(t.dtype))) for t in operands]
+            op = self._make(cls, dummies, attrs)
+            budget = max(IMPORT_FOLD_MAX_ELEMENTS, sum(t.size for t in operands))
+            if sum(r.type.numel for r in op.results) <= budget:
+                try:
+                    out = [np.asarray(r) for r in evaluate_op(op, list(operands))]
+                except (ValueError, IndexError, TypeError) as e:
+                    raise InputError(
+                        f"{self.where()}: evaluating {cls.name} on constants failed: {e}"
+                    ) from None
+                return out[0] if len(out) == 1 else out
+        attrs = {k: (I32 if isinstance(v, DType) and v == I64 else v) for k, v in attrs.items()}
+        op = self.func.append(self._make(cls, [self.value(t) for t in operands], attrs))
+        return op.results[0] if len(op.results) == 1 else list(op.results)
+
+    def _make(self, cls, values, attrs) -> Operation:
+        try:
+            return cls(values, attrs, loc=self.loc)
+        except (ValueError, TypeError, KeyError) as e:
+            raise InputError(f"{self.where()}: cannot be expressed as {cls.name}: {e}") from None
+
+    def value(self, term) -> Value:
+        """``term`` as an IR value: constants become (cached) ``mcp.constant`` ops; int64 → i32."""
+        if isinstance(term, Value):
+            return term
+        cached = self._consts.get(id(term))
+        if cached is not None:
+            return cached[1]
+        arr = term
+        if arr.dtype == np.int64:
+            if arr.size and (arr.min() < np.iinfo(np.int32).min or arr.max() > np.iinfo(np.int32).max):
+                raise self.unsupported("an int64 constant that does not fit in i32 is used at run time")
+            arr = arr.astype(np.int32)
+        v = self.func.append(ConstantOp([], {"value": np.array(arr, order="C")}, loc=self.loc)).result
+        self._consts[id(term)] = (term, v)  # keeps ``term`` alive so its id stays unique
+        return v
+
+    def _tensor(self, proto: onnx.TensorProto, what: str) -> np.ndarray:
+        try:
+            return _to_const(numpy_helper.to_array(proto))
+        except (ValueError, TypeError) as e:
+            raise UnsupportedError(f"{self.label}: {what}: unsupported tensor: {e}") from None
+
+    def tensor(self, proto: onnx.TensorProto, what: str) -> np.ndarray:
+        return self._tensor(proto, f"{self.where()}: {what}")
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    out = {}
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.TENSOR:
+            out[a.name] = a.t  # converted by the handler (it knows the node for errors)
+            continue
+        v = onnx.helper.get_attribute_value(a)
+        out[a.name] = v.decode() if isinstance(v, bytes) else v
+    return out

@@ -1,0 +1,70 @@
+"""Shared test helpers: run an ONNX model with ONNX Runtime / the ONNX reference evaluator, build
+single-node models, and the normalized max error every accuracy check uses."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+# ONNX Runtime may lag behind the newest onnx package: keep tests' IR version loadable by it.
+ORT_IR_VERSION = 10
+
+
+def norm_max_err(y: np.ndarray, r: np.ndarray) -> float:
+    """max|y − r| / max|r| (absolute error when r is all zeros), in f64."""
+    y = np.asarray(y, dtype=np.float64)
+    r = np.asarray(r, dtype=np.float64)
+    if y.shape != r.shape:
+        raise AssertionError(f"shape {y.shape} differs from reference {r.shape}")
+    if y.size == 0:
+        return 0.0
+    scale = np.max(np.abs(r))
+    err = np.max(np.abs(y - r))
+    return float(err / scale) if scale > 0 else float(err)
+
+
+def _ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    # no graph rewrites: the reference should be the plain op-by-op semantics
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds), strict=True))
+
+
+def _ref_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    from onnx.reference import ReferenceEvaluator
+
+    sess = ReferenceEvaluator(model)
+    names = [o.name for o in model.graph.output]
+    return dict(zip(names, sess.run(None, feeds), strict=True))
+
+
+@pytest.fixture
+def ort_run():
+    """``ort_run(model, feeds) -> {output name: array}`` with ONNX Runtime (CPU, no optimizations)."""
+    return _ort_run
+
+
+@pytest.fixture
+def ref_run():
+    """``ref_run(model, feeds)`` with onnx.reference.ReferenceEvaluator (the second oracle)."""
+    return _ref_run
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset=17, name="test") -> onnx.ModelProto:
+    """A checked ModelProto from onnx.helper parts; ``inputs``/``outputs`` are ValueInfoProtos."""
+    graph = helper.make_graph(list(nodes), name, list(inputs), list(outputs), list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = ORT_IR_VERSION
+    onnx.checker.check_model(model)
+    return model
+
+
+def vi(name: str, shape, elem=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, elem, shape)
