@@ -1,0 +1,157 @@
+"""The simulator's Python API: load a .mcpb, run an entry point on inputs, get outputs and a profile.
+
+    program = load_program("model.mcpb")
+    result = run_program(program, {"x": x}, entry="main", trace=True)
+    result.outputs["y"], result.profile["cycles"], result.trace_events
+
+Imports only the .mcpb contract (mcpc.arch) and numpy/ml_dtypes: never onnx or the compiler.
+Each run starts from zeroed SRAM, DRAM holding the constants and the inputs, and zeroed scalar
+registers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mcpc.arch.isa import ENGINES
+from mcpc.arch.numerics import NUMPY_DTYPES
+from mcpc.errors import InputError, SimTrap
+
+from .loader import LoadedProgram, from_program, load_program
+from .machine import Machine
+from .profile import build_profile, trace_events
+from .timing import Deadlock, Faulted, simulate
+
+__all__ = ["LoadedProgram", "SimResult", "from_program", "load_program", "random_inputs", "run_program"]
+
+
+@dataclass
+class SimResult:
+    """Outputs named as the model's outputs, the profile dict, and trace events when asked for."""
+
+    outputs: dict[str, np.ndarray]
+    profile: dict
+    trace_events: list | None = None
+
+
+def _bindings(program: LoadedProgram, entry: str) -> tuple[range, dict]:
+    entries = program.entries
+    if entry not in entries:
+        raise InputError(
+            f"{program.source}: no entry point {entry!r} (entries: {', '.join(entries) or 'none'})"
+        )
+    start, count = entries[entry]
+    stop = start + count
+    for idx in range(start, stop):  # dispatch ends with the first halt
+        if program.mnemonics[idx] == "halt":
+            stop = idx + 1
+            break
+    io = program.io.get(entry, {}) if isinstance(program.io, dict) else {}
+    return range(start, stop), io
+
+
+def _shape(b: dict, source: str) -> tuple[int, ...]:
+    shape = b.get("shape", [])
+    if not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise InputError(f"{source}: I/O binding {b.get('name')!r} has a non-concrete shape {shape}")
+    return tuple(shape)
+
+
+def _dtype(b: dict, source: str) -> np.dtype:
+    if b.get("dtype") not in NUMPY_DTYPES:
+        raise InputError(f"{source}: I/O binding {b.get('name')!r} has unknown dtype {b.get('dtype')!r}")
+    return NUMPY_DTYPES[b["dtype"]]
+
+
+def _check_region(b: dict, nbytes: int, size: int, source: str) -> int:
+    addr = b.get("dram")
+    if not isinstance(addr, int) or addr < 0 or addr + nbytes > size:
+        raise InputError(f"{source}: I/O binding {b.get('name')!r} lies outside DRAM of {size} bytes")
+    return addr
+
+
+def _coerce(name: str, value, dt: np.dtype, shape: tuple[int, ...], binding_dtype: str) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.shape != shape:
+        raise InputError(f"input {name!r}: shape {arr.shape} does not match the program's {shape}")
+    if arr.dtype == dt:
+        return np.ascontiguousarray(arr)
+    if arr.dtype.kind in "biuf":
+        # A lossless conversion (float64 data for an f32 input, int32 ids for an i64 input) is fine.
+        with np.errstate(all="ignore"):
+            conv = arr.astype(dt)
+            exact = np.array_equal(conv.astype(arr.dtype), arr, equal_nan=arr.dtype.kind == "f")
+        if exact:
+            return np.ascontiguousarray(conv)
+    raise InputError(
+        f"input {name!r}: dtype {arr.dtype} cannot be converted losslessly to the program's {binding_dtype}"
+    )
+
+
+def run_program(
+    program: LoadedProgram, inputs: dict[str, np.ndarray], entry: str = "main", trace: bool = False
+) -> SimResult:
+    """Run entry point ``entry`` on ``inputs`` (name -> array) and collect outputs and the profile.
+
+    Raises InputError for an unknown entry, a missing or mis-shaped input (named), and SimTrap
+    (naming the instruction address, mnemonic and ONNX node) when the program traps or deadlocks.
+    """
+    order, io = _bindings(program, entry)
+    src = program.source
+    t = program.target
+    m = Machine(program.dram_size, t.sram.size_bytes)
+    consts = np.frombuffer(program.program.constants, dtype=np.uint8)
+    for dram, offset, nbytes in program.const_places:
+        m.dram[dram : dram + nbytes] = consts[offset : offset + nbytes]
+    in_bindings = io.get("inputs", [])
+    missing = [b["name"] for b in in_bindings if b["name"] not in inputs]
+    if missing:
+        names = ", ".join(b["name"] for b in in_bindings)
+        raise InputError(f"inputs are missing {', '.join(missing)} (entry {entry!r} needs {names})")
+    for b in in_bindings:
+        dt, shape = _dtype(b, src), _shape(b, src)
+        arr = _coerce(b["name"], inputs[b["name"]], dt, shape, b["dtype"])
+        raw = arr.view(np.uint8).reshape(-1)
+        addr = _check_region(b, raw.size, m.dram_size, src)
+        m.dram[addr : addr + raw.size] = raw
+    try:
+        issue, done, stall = simulate(program.recs, order, m)
+    except Faulted as exc:
+        raise SimTrap(f"{src}: {program.describe(exc.index)}: {exc.message}") from None
+    except Deadlock as exc:
+        blocked = "; ".join(
+            f"{program.describe(idx)} waits for a token from {'/'.join(ENGINES[s] for s in srcs)}"
+            for idx, srcs in exc.blocked
+        )
+        raise SimTrap(f"{src}: token deadlock in entry {entry!r}: {blocked}") from None
+    outputs = {}
+    for b in io.get("outputs", []):
+        dt, shape = _dtype(b, src), _shape(b, src)
+        count = int(np.prod(shape, dtype=np.int64))
+        addr = _check_region(b, count * dt.itemsize, m.dram_size, src)
+        outputs[b["name"]] = np.frombuffer(m.dram, dtype=dt, count=count, offset=addr).reshape(shape).copy()
+    profile = build_profile(program, entry, order, issue, done, stall)
+    events = trace_events(program, entry, order, issue) if trace else None
+    return SimResult(outputs=outputs, profile=profile, trace_events=events)
+
+
+def random_inputs(program: LoadedProgram, entry: str = "main", seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs for ``entry``: floats ~ normal(0, 1) in the binding dtype, i1 random bools,
+    integers uniform in [0, 2) unless the binding gives ``range: [low, high)`` (or ``low``/``high``).
+    """
+    _, io = _bindings(program, entry)
+    rng = np.random.default_rng(seed)
+    out = {}
+    for b in io.get("inputs", []):
+        dt, shape = _dtype(b, program.source), _shape(b, program.source)
+        name = b["dtype"]
+        if name in ("f32", "f16", "bf16", "f8e4m3fn"):
+            out[b["name"]] = rng.standard_normal(shape, dtype=np.float32).astype(dt)
+        elif name == "i1":
+            out[b["name"]] = rng.integers(0, 2, shape).astype(np.bool_)
+        else:
+            low, high = b.get("range") or (b.get("low", 0), b.get("high", 2))
+            out[b["name"]] = rng.integers(int(low), int(high), shape).astype(dt)
+    return out

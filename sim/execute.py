@@ -1,0 +1,242 @@
+"""Functional semantics: one handler per mnemonic, computed with the shared numerics kernels.
+
+``compile_instr`` turns a decoded instruction into ``(handler, args, sram_hi)`` once, at load
+time: operand descriptors are plain tuples ``(addr, rows, cols, row_step, col_step, np_dtype)``
+so that executing an instruction only builds numpy views and calls one kernel.  Static faults
+(an SRAM operand past the end of SRAM, an unsupported element size, a dtype with no MAC rate)
+become a handler that raises ``Fault`` when, and only when, the instruction executes — like an
+illegal word on hardware, it does no harm if it is never reached.
+
+Every handler computes its result completely before writing the destination, so a destination
+may alias a source.  The kernels are those of ``mcpc.arch.numerics`` applied to exactly the
+instruction's tile, which makes the simulator bit-exact with the IR interpreter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from mcpc.arch.isa import Instr
+from mcpc.arch.numerics import NUMPY_DTYPES, binary, cast, matmul_tile, row_reduce, select, unary
+
+from .machine import Fault, Machine, dram_rows, sram_extent, view
+
+Handler = Callable[[Machine, tuple], None]
+_U8 = np.dtype(np.uint8)
+_I32 = np.dtype(np.int32)
+_ELEM_DTYPES = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
+
+
+# -- handlers (hot path: no dict lookups beyond the kernels' own) ---------------------------------
+def _nop(m: Machine, a: tuple) -> None:
+    pass
+
+
+def _trap(m: Machine, a: tuple) -> None:
+    raise Fault(a[0])
+
+
+def _setr(m: Machine, a: tuple) -> None:
+    m.regs[a[0]] = a[1]
+
+
+def _load(m: Machine, a: tuple) -> None:
+    dram, reg, rows, row_bytes, dram_stride, sram, sram_stride = a
+    src = dram_rows(m, dram + m.regs[reg], rows, row_bytes, dram_stride)
+    view(m.sram, sram, rows, row_bytes, sram_stride, 1, _U8)[...] = src
+
+
+def _store(m: Machine, a: tuple) -> None:
+    dram, reg, rows, row_bytes, dram_stride, sram, sram_stride = a
+    dst = dram_rows(m, dram + m.regs[reg], rows, row_bytes, dram_stride)
+    dst[...] = view(m.sram, sram, rows, row_bytes, sram_stride, 1, _U8)
+
+
+def _gather(m: Machine, a: tuple) -> None:
+    dram, idx_addr, count, row_bytes, dram_stride, sram, sram_stride, limit = a
+    idx = np.array(view(m.sram, idx_addr, count, 1, 4, 4, _I32)[:, 0], dtype=np.int64)
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0 or hi >= limit:
+        bad = lo if lo < 0 else hi
+        pos = int(np.flatnonzero(idx == bad)[0])
+        raise Fault(f"gather index out of range: index[{pos}] = {bad} outside [0, {limit})")
+    rows = dram_rows(m, dram, hi + 1, row_bytes, dram_stride)[idx]
+    view(m.sram, sram, count, row_bytes, sram_stride, 1, _U8)[...] = rows
+
+
+def _matmul(m: Machine, a: tuple) -> None:
+    A, B, C, trans_b, acc = a
+    s = m.sram
+    b = view(s, *B)
+    part = matmul_tile(view(s, *A), b.T if trans_b else b)
+    c = view(s, *C)
+    c[...] = (c + part) if acc else part  # f32 accumulation, exactly numerics.matmul_2d's `c += part`
+
+
+def _vbin(m: Machine, a: tuple) -> None:
+    func, S0, S1, D, out = a
+    s = m.sram
+    view(s, *D)[...] = binary(func, view(s, *S0), view(s, *S1), out)
+
+
+def _vbini(m: Machine, a: tuple) -> None:
+    func, S0, imm, rev, D, out = a
+    s = m.sram
+    x = view(s, *S0)
+    view(s, *D)[...] = binary(func, imm, x, out) if rev else binary(func, x, imm, out)
+
+
+def _vun(m: Machine, a: tuple) -> None:
+    func, S, D, out = a
+    s = m.sram
+    view(s, *D)[...] = unary(func, view(s, *S), out)
+
+
+def _vred(m: Machine, a: tuple) -> None:
+    func, S, D, out = a
+    s = m.sram
+    view(s, *D)[:, 0] = row_reduce(func, view(s, *S), out)
+
+
+def _vsel(m: Machine, a: tuple) -> None:
+    Cd, S, D, dtype = a
+    s = m.sram
+    d = view(s, *D)
+    d[...] = select(view(s, *Cd), view(s, *S), d, dtype)
+
+
+def _fill0(m: Machine, a: tuple) -> None:
+    view(m.sram, *a[0])[...] = 0
+
+
+def _transpose(m: Machine, a: tuple) -> None:
+    S, D = a
+    s = m.sram
+    view(s, *D)[...] = np.array(view(s, *S).T, copy=True)
+
+
+# -- compilation -------------------------------------------------------------------------------
+class _Bounds:
+    """Collects SRAM extents of one instruction's operands; raises Fault on the first overflow."""
+
+    def __init__(self, sram_size: int):
+        self.size, self.hi = sram_size, 0
+
+    def operand(self, what: str, addr: int, rows: int, cols: int, stride: int, bcast: int, dtype: str):
+        dt = NUMPY_DTYPES[dtype]
+        size = dt.itemsize
+        return self.raw(what, addr, rows, cols, stride * size, 0 if bcast else size, dt)
+
+    def raw(self, what: str, addr: int, rows: int, cols: int, row_step: int, col_step: int, dt: np.dtype):
+        hi = sram_extent(addr, rows, cols, row_step, col_step, dt.itemsize)
+        if hi > self.size:
+            raise Fault(
+                f"SRAM overflow: {what} bytes [{addr:#x}, {hi:#x}) exceed SRAM of {self.size:#x} bytes"
+            )
+        self.hi = max(self.hi, hi)
+        return (addr, rows, cols, row_step, col_step, dt)
+
+
+def _compile_dma(i: Instr, b: _Bounds) -> tuple[Handler, tuple]:
+    if i.op == "gather":
+        b.raw("index", i.sram_idx, i.count, 1, 4, 4, _I32)
+        b.raw("destination", i.sram, i.count, i.row_bytes, i.sram_stride, 1, _U8)
+        if i.count == 0 or i.row_bytes == 0:
+            return _nop, ()
+        args = (i.dram, i.sram_idx, i.count, i.row_bytes, i.dram_stride, i.sram, i.sram_stride, i.limit)
+        return _gather, args
+    b.raw("SRAM side", i.sram, i.rows, i.row_bytes, i.sram_stride, 1, _U8)
+    if i.rows == 0 or i.row_bytes == 0:
+        return _nop, ()
+    args = (i.dram, i.dram_reg, i.rows, i.row_bytes, i.dram_stride, i.sram, i.sram_stride)
+    return (_load if i.op == "load" else _store), args
+
+
+def _compile_compute(i: Instr, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
+    op = i.op
+    if op == "matmul":
+        if i.in_dtype not in target.mac.macs_per_cycle:
+            raise Fault(f"illegal instruction: target {target.name} has no matmul rate for {i.in_dtype}")
+        A = b.operand("A", i.a, i.m, i.k, i.a_stride, 0, i.in_dtype)
+        if i.trans_b:
+            B = b.operand("B", i.b, i.n, i.k, i.b_stride, 0, i.in_dtype)
+        else:
+            B = b.operand("B", i.b, i.k, i.n, i.b_stride, 0, i.in_dtype)
+        C = b.operand("C", i.c, i.m, i.n, i.c_stride, 0, "f32")
+        if i.m == 0 or i.n == 0:
+            return _nop, ()
+        if i.k == 0:  # an empty product: C = 0 (or unchanged when accumulating)
+            return (_nop, ()) if i.acc else (_fill0, (C,))
+        return _matmul, (A, B, C, i.trans_b, i.acc)
+    rows, cols = i.rows, i.cols
+    if op == "vbin":
+        S0 = b.operand("src0", i.src0, rows, cols, i.s0_stride, i.s0_bcast, i.in_dtype)
+        S1 = b.operand("src1", i.src1, rows, cols, i.s1_stride, i.s1_bcast, i.in_dtype)
+        D = b.operand("dst", i.dst, rows, cols, i.dst_stride, 0, i.out_dtype)
+        return _vbin, (i.func, S0, S1, D, i.out_dtype)
+    if op == "vbini":
+        S0 = b.operand("src0", i.src0, rows, cols, i.s0_stride, i.s0_bcast, i.in_dtype)
+        D = b.operand("dst", i.dst, rows, cols, i.dst_stride, 0, i.out_dtype)
+        # The immediate is an operand of in_dtype: converted once, exactly as a constant tensor is.
+        imm = cast(np.asarray(np.float32(i.imm)), i.in_dtype)
+        return _vbini, (i.func, S0, imm, i.rev, D, i.out_dtype)
+    if op == "vun":
+        S = b.operand("src", i.src, rows, cols, i.src_stride, i.src_bcast, i.in_dtype)
+        D = b.operand("dst", i.dst, rows, cols, i.dst_stride, 0, i.out_dtype)
+        return _vun, (i.func, S, D, i.out_dtype)
+    if op == "vred":
+        S = b.operand("src", i.src, rows, cols, i.src_stride, 0, i.in_dtype)
+        D = b.operand("dst", i.dst, rows, 1, 1, 0, i.out_dtype)
+        if cols == 0 and rows > 0:
+            raise Fault("illegal instruction: vred over rows of 0 elements")
+        return _vred, (i.func, S, D, i.out_dtype)
+    if op == "vsel":
+        Cd = b.raw("cond", i.cond, rows, cols, i.cond_stride, 0 if i.cond_bcast else 1, _U8)
+        S = b.operand("src", i.src, rows, cols, i.src_stride, i.src_bcast, i.dtype)
+        D = b.operand("dst", i.dst, rows, cols, i.dst_stride, 0, i.dtype)
+        return _vsel, (Cd, S, D, i.dtype)
+    if op == "transpose":
+        dt = _ELEM_DTYPES.get(i.elem_bytes)
+        if dt is None:
+            raise Fault(f"illegal instruction: transpose elem_bytes={i.elem_bytes} (must be 1, 2, 4 or 8)")
+        eb = i.elem_bytes
+        S = b.raw("src", i.src, rows, cols, i.src_stride * eb, eb, dt)
+        D = b.raw("dst", i.dst, cols, rows, i.dst_stride * eb, eb, dt)
+        return _transpose, (S, D)
+    raise Fault(f"illegal instruction: no handler for {op}")
+
+
+def compile_instr(instr: Instr, target: Any) -> tuple[Handler, tuple, int]:
+    """``(handler, args, sram_hi)`` for one instruction; a static fault becomes a trapping handler.
+
+    ``sram_hi`` is one past the highest SRAM byte the instruction touches (0 if none or if it traps).
+    """
+    b = _Bounds(target.sram.size_bytes)
+    try:
+        op = instr.op
+        if op in ("nop", "halt"):
+            fn, args = _nop, ()
+        elif op == "setr":
+            fn, args = _setr, (instr.reg, instr.value)
+        elif op in ("load", "store", "gather"):
+            fn, args = _compile_dma(instr, b)
+        else:
+            fn, args = _compile_compute(instr, b, target)
+        if fn is not _nop and fn is not _setr and _empty(args):
+            fn, args = _nop, ()
+    except Fault as exc:
+        return _trap, (str(exc),), 0
+    return fn, args, b.hi
+
+
+def _empty(args: tuple) -> bool:
+    # An operand with no elements makes the whole instruction a no-op (no bytes are touched).
+    return any(isinstance(x, tuple) and len(x) == 6 and (x[1] == 0 or x[2] == 0) for x in args)
+
+
+def illegal(message: str) -> tuple[Handler, tuple, int]:
+    """A trapping handler for a word that did not decode."""
+    return _trap, (message,), 0

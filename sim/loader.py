@@ -1,0 +1,203 @@
+"""Loading a .mcpb: verify it, decode TEXT once, and precompute everything the run loop needs.
+
+A ``LoadedProgram`` holds, per instruction, a record tuple for the event loop (engine, token
+masks as tuples, handler, operand descriptors, static cost) plus numpy arrays of static counters
+(busy cycles, MACs, DRAM bytes, SRAM extent, node id) that the profiler reduces after the run.
+Words that do not decode are kept as trapping records: they fault only if executed.
+
+Assumes the file passed ``mcpc.arch.mcpb.read_mcpb`` (CRCs, digest, entry ranges).  Guarantees
+that DRAM regions of the memory map and the constant placement are consistent (InputError
+otherwise), so a run never writes outside DRAM while setting up.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mcpc.arch.isa import INSTR_BYTES, Instr, decode
+from mcpc.arch.mcpb import Program, read_mcpb
+from mcpc.arch.target import Target
+from mcpc.errors import InputError, McpcError
+
+from .execute import compile_instr, illegal
+from .timing import instr_cost
+
+NO_NODE = "<unattributed>"
+
+
+def _mask(mask: int) -> tuple[int, ...]:
+    return tuple(e for e in range(3) if mask >> e & 1)
+
+
+@dataclass
+class LoadedProgram:
+    """A verified, decoded program ready to run any number of times.
+
+    ``instrs[i]`` is the decoded Instr (None for a word that does not decode); ``recs[i]`` its
+    event-loop record; ``node_of[i]`` the index into ``nodes`` (``(onnx_node, op_type)``) and
+    ``ir_op_of[i]`` the index into ``ir_ops``; ``engine_of[i]`` its engine; the ``busy``/``tail``/``macs``/``dram_read``/
+    ``dram_write``/``sram_hi`` arrays are static per-instruction counters.
+    """
+
+    source: str
+    program: Program
+    target: Target
+    instrs: list[Instr | None]
+    recs: list[tuple]
+    mnemonics: list[str]
+    busy: np.ndarray
+    tail: np.ndarray
+    macs: np.ndarray
+    mac_dtype: list[str | None]
+    dram_read: np.ndarray
+    dram_write: np.ndarray
+    sram_hi: np.ndarray
+    node_of: np.ndarray
+    engine_of: np.ndarray
+    nodes: list[tuple[str, str]]
+    ir_op_of: np.ndarray
+    ir_ops: list[str]
+    const_places: list[tuple[int, int, int]] = field(default_factory=list)  # (dram, cnst offset, bytes)
+
+    @property
+    def meta(self) -> dict:
+        return self.program.meta
+
+    @property
+    def io(self) -> dict:
+        return self.program.io
+
+    @property
+    def memory_map(self) -> dict:
+        return self.program.memory_map
+
+    @property
+    def entries(self) -> dict[str, tuple[int, int]]:
+        """Entry name -> (start, count)."""
+        return {e["name"]: (e["start"], e["count"]) for e in self.program.entries}
+
+    @property
+    def dram_size(self) -> int:
+        return int(self.program.memory_map["dram_size"])
+
+    def describe(self, idx: int) -> str:
+        """``instruction 12 (0x180) matmul, node /attn/MatMul (mcp.matmul)`` for messages."""
+        node, op_type = self.nodes[int(self.node_of[idx])]
+        ir_op = self.ir_ops[int(self.ir_op_of[idx])]
+        what = f"instruction {idx} ({idx * INSTR_BYTES:#x}) {self.mnemonics[idx]}"
+        if node != NO_NODE:
+            what += f", ONNX node {node}"
+            extra = ", ".join(x for x in (op_type, ir_op) if x)
+            what += f" ({extra})" if extra else ""
+        return what
+
+
+def load_program(path: str | os.PathLike) -> LoadedProgram:
+    """Read, verify and decode a .mcpb file (InputError naming the file when it is refused)."""
+    return from_program(read_mcpb(path), str(path))
+
+
+def from_program(program: Program, source: str = "<program>") -> LoadedProgram:
+    """Prepare an in-memory Program (as read_mcpb returns it) for running."""
+    try:
+        target = program.target()
+    except McpcError as exc:
+        raise InputError(f"{source}: {exc.message}") from None
+    text = program.text
+    n = len(text) // INSTR_BYTES
+    debug = program.debug if isinstance(program.debug, list) else []
+    node_index: dict[tuple[str, str], int] = {}
+    ir_index: dict[str, int] = {}
+    instrs: list[Instr | None] = []
+    recs, mnemonics, mac_dtype = [], [], []
+    cols = np.zeros((8, n), dtype=np.int64)  # busy, tail, macs, rd, wr, sram_hi, node, engine
+    ir_of = np.zeros(n, dtype=np.int64)
+    for idx in range(n):
+        info = debug[idx] if idx < len(debug) and isinstance(debug[idx], dict) else {}
+        key = (str(info.get("onnx_node") or NO_NODE), str(info.get("op_type") or ""))
+        cols[6, idx] = node_index.setdefault(key, len(node_index))
+        ir_of[idx] = ir_index.setdefault(str(info.get("ir_op") or ""), len(ir_index))
+        word = text[idx * INSTR_BYTES : (idx + 1) * INSTR_BYTES]
+        try:
+            instr = decode(word, idx)
+        except InputError as exc:
+            instrs.append(None)
+            mnemonics.append(f"illegal(opcode {word[0]})")
+            mac_dtype.append(None)
+            fn, args, _ = illegal(f"illegal instruction: {exc.message}")
+            recs.append((1, (), (), fn, args, 1, 0, False))
+            cols[0, idx], cols[7, idx] = 1, 1
+            continue
+        cost = instr_cost(instr, target)
+        fn, args, hi = compile_instr(instr, target)
+        instrs.append(instr)
+        mnemonics.append(instr.op)
+        mac_dtype.append(instr.in_dtype if instr.op == "matmul" else None)
+        dma = instr.op in ("load", "store", "gather")
+        recs.append((instr.engine, _mask(instr.wait), _mask(instr.signal), fn, args, cost.busy, cost.tail, dma))
+        cols[:6, idx] = (cost.busy, cost.tail, cost.macs, cost.dram_read, cost.dram_write, hi)
+        cols[7, idx] = instr.engine
+    loaded = LoadedProgram(
+        source=source,
+        program=program,
+        target=target,
+        instrs=instrs,
+        recs=recs,
+        mnemonics=mnemonics,
+        busy=cols[0],
+        tail=cols[1],
+        macs=cols[2],
+        mac_dtype=mac_dtype,
+        dram_read=cols[3],
+        dram_write=cols[4],
+        sram_hi=cols[5],
+        node_of=cols[6],
+        engine_of=cols[7],
+        nodes=list(node_index),
+        ir_op_of=ir_of,
+        ir_ops=list(ir_index),
+    )
+    loaded.const_places = _check_memory_map(loaded)
+    return loaded
+
+
+def _check_memory_map(p: LoadedProgram) -> list[tuple[int, int, int]]:
+    """Validate the memory map against the target and CNST; returns where each constant slice goes.
+
+    Constant regions take consecutive slices of CNST in the order listed (or the slice starting at
+    the region's ``cnst_offset`` when given); together they must cover CNST exactly.
+    """
+    src, mm = p.source, p.program.memory_map
+    if not isinstance(mm, dict) or not isinstance(mm.get("dram_size"), int) or mm["dram_size"] < 0:
+        raise InputError(f"{src}: memory map has no valid dram_size")
+    size = mm["dram_size"]
+    if size > p.target.dram.size_bytes:
+        raise InputError(
+            f"{src}: memory map needs {size} bytes of DRAM, target {p.target.name} has "
+            f"{p.target.dram.size_bytes}"
+        )
+    places, offset = [], 0
+    for region in mm.get("regions") or []:
+        ok = isinstance(region, dict) and all(isinstance(region.get(k), int) for k in ("dram", "bytes"))
+        if not ok or region["dram"] < 0 or region["bytes"] < 0 or region["dram"] + region["bytes"] > size:
+            raise InputError(f"{src}: memory map region {region!r} lies outside DRAM of {size} bytes")
+        if region.get("kind") == "const":
+            start = region.get("cnst_offset", offset)
+            if not isinstance(start, int) or start < 0 or start + region["bytes"] > len(p.program.constants):
+                raise InputError(
+                    f"{src}: const region {region.get('name')!r} ({region['bytes']} bytes at CNST offset "
+                    f"{start}) exceeds the CNST section of {len(p.program.constants)} bytes"
+                )
+            places.append((region["dram"], start, region["bytes"]))
+            offset = start + region["bytes"]
+    covered = sum(b for _, _, b in places)
+    if covered < len(p.program.constants):
+        raise InputError(
+            f"{src}: constant regions of the memory map cover {covered} bytes of a "
+            f"{len(p.program.constants)}-byte CNST section"
+        )
+    return places

@@ -1,0 +1,194 @@
+"""Profiling: counters, per-node and per-IR-op attribution, roofline, and the Chrome trace.
+
+Everything here is computed after the run from the issue/completion times the event loop
+recorded and the static per-instruction counters of the LoadedProgram, with numpy reductions,
+so the run loop itself only stores two integers per instruction.
+
+Node cycles are the busy cycles of the node's instructions summed over all engines; the node's
+span is first issue to last completion (the critical window it occupies).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from mcpc.arch.isa import ENGINES
+
+from .loader import LoadedProgram
+
+COALESCE_ABOVE = 200_000  # trace events are merged per (engine, node) run beyond this many instructions
+
+
+def build_profile(p: LoadedProgram, entry: str, order: range, issue: list, done: list, stall: list) -> dict:
+    """The profile dict (JSON-ready) of one run of ``order`` (global instruction indices)."""
+    t = p.target
+    sl = slice(order.start, order.stop)
+    n = len(order)
+    iss = np.asarray(issue, dtype=np.int64)
+    don = np.asarray(done, dtype=np.int64)
+    busy, eng = p.busy[sl], p.engine_of[sl]
+    cycles = int(don.max()) if n else 0
+    macs = int(p.macs[sl].sum())
+    rd, wr = int(p.dram_read[sl].sum()), int(p.dram_write[sl].sum())
+    engines = {}
+    for e, name in enumerate(ENGINES):
+        b = int(busy[eng == e].sum())
+        engines[name] = {"busy": b, "stall": int(stall[e]), "utilization": b / cycles if cycles else 0.0}
+    macs_by_dtype: dict[str, int] = {}
+    for idx in np.flatnonzero(p.macs[sl]) + order.start:
+        dt = p.mac_dtype[idx]
+        macs_by_dtype[dt] = macs_by_dtype.get(dt, 0) + int(p.macs[idx])
+    compute_cycles = sum(v / t.macs_per_cycle_for(d) for d, v in macs_by_dtype.items())
+    dram_cycles = (rd + wr) / t.dram_bytes_per_cycle
+    main_dtype = max(macs_by_dtype, key=macs_by_dtype.get) if macs_by_dtype else "f16"
+    roofline = {
+        "achieved_macs_per_cycle": macs / cycles if cycles else 0.0,
+        "peak_macs_per_cycle": t.mac.macs_per_cycle.get(main_dtype, 0),
+        "peak_dtype": main_dtype,
+        "compute_bound_cycles": compute_cycles,
+        "mac_utilization": compute_cycles / cycles if cycles else 0.0,
+        "achieved_dram_bytes_per_cycle": (rd + wr) / cycles if cycles else 0.0,
+        "peak_dram_bytes_per_cycle": t.dram_bytes_per_cycle,
+        "dram_bound_cycles": dram_cycles,
+        "dram_utilization": dram_cycles / cycles if cycles else 0.0,
+        "bound": "compute" if compute_cycles >= dram_cycles else "memory",
+    }
+    return {
+        "target": t.name,
+        "entry": entry,
+        "clock_mhz": t.clock_mhz,
+        "cycles": cycles,
+        "latency_us": cycles / t.clock_mhz,
+        "instructions": n,
+        "instruction_mix": dict(sorted(Counter(p.mnemonics[sl]).items())),
+        "macs": macs,
+        "macs_by_dtype": macs_by_dtype,
+        "dram_read_bytes": rd,
+        "dram_write_bytes": wr,
+        "peak_sram_bytes": int(p.sram_hi[sl].max()) if n else 0,
+        "sram_size_bytes": t.sram.size_bytes,
+        "planned_sram_peak_bytes": p.memory_map.get("sram_peak_bytes"),
+        "engines": engines,
+        "roofline": roofline,
+        "nodes": _nodes(p, sl, iss, don, busy),
+        "ir_ops": _ir_ops(p, sl, busy),
+    }
+
+
+def _nodes(p: LoadedProgram, sl: slice, iss: np.ndarray, don: np.ndarray, busy: np.ndarray) -> list[dict]:
+    node = p.node_of[sl]
+    if not len(node):
+        return []
+    k = len(p.nodes)
+    cyc = np.bincount(node, weights=busy, minlength=k)
+    cnt = np.bincount(node, minlength=k)
+    first = np.full(k, np.iinfo(np.int64).max, dtype=np.int64)
+    last = np.zeros(k, dtype=np.int64)
+    np.minimum.at(first, node, iss)
+    np.maximum.at(last, node, don)
+    rows = []
+    for j in np.flatnonzero(cnt):
+        name, op_type = p.nodes[j]
+        rows.append(
+            {
+                "name": name,
+                "op_type": op_type,
+                "cycles": int(cyc[j]),
+                "span": int(last[j] - first[j]),
+                "first_issue": int(first[j]),
+                "instructions": int(cnt[j]),
+            }
+        )
+    rows.sort(key=lambda r: (-r["cycles"], r["name"]))
+    return rows
+
+
+def _ir_ops(p: LoadedProgram, sl: slice, busy: np.ndarray) -> list[dict]:
+    ops = p.ir_op_of[sl]
+    if not len(ops):
+        return []
+    k = len(p.ir_ops)
+    cyc = np.bincount(ops, weights=busy, minlength=k)
+    cnt = np.bincount(ops, minlength=k)
+    rows = [
+        {"ir_op": p.ir_ops[j] or "<none>", "cycles": int(cyc[j]), "instructions": int(cnt[j])}
+        for j in np.flatnonzero(cnt)
+    ]
+    rows.sort(key=lambda r: (-r["cycles"], r["ir_op"]))
+    return rows
+
+
+def trace_events(p: LoadedProgram, entry: str, order: range, issue: list) -> list[dict[str, Any]]:
+    """Chrome/Perfetto trace events: one track per engine, one "X" slice per instruction.
+
+    ts/dur are microseconds (cycles / clock_mhz); a slice lasts the engine-busy cycles.  Beyond
+    COALESCE_ABOVE instructions, consecutive instructions of one node on one engine become one
+    slice (named after the node), and a metadata event says so.
+    """
+    clk = p.target.clock_mhz
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "pid": 0, "name": "process_name", "args": {"name": f"{p.target.name} {entry}"}}
+    ]
+    for e, name in enumerate(ENGINES):
+        events.append({"ph": "M", "pid": 0, "tid": e, "name": "thread_name", "args": {"name": name}})
+        events.append({"ph": "M", "pid": 0, "tid": e, "name": "thread_sort_index", "args": {"sort_index": e}})
+    coalesce = len(order) > COALESCE_ABOVE
+    if coalesce:
+        events.append(
+            {
+                "ph": "M",
+                "pid": 0,
+                "name": "process_labels",
+                "args": {"labels": f"coalesced: {len(order)} instructions merged per (engine, node) run"},
+            }
+        )
+    base = order.start
+    if not coalesce:
+        for idx in order:
+            node = p.nodes[p.node_of[idx]][0]
+            events.append(
+                {
+                    "name": p.mnemonics[idx],
+                    "cat": node,
+                    "ph": "X",
+                    "pid": 0,
+                    "tid": int(p.engine_of[idx]),
+                    "ts": issue[idx - base] / clk,
+                    "dur": int(p.busy[idx]) / clk,
+                    "args": {"node": node, "ir_op": p.ir_ops[p.ir_op_of[idx]], "addr": idx},
+                }
+            )
+        return events
+    runs: dict[int, list] = {}  # engine -> [node id, first idx, start, end, count]
+    for idx in order:
+        e, nid = int(p.engine_of[idx]), int(p.node_of[idx])
+        start = issue[idx - base]
+        end = start + int(p.busy[idx])
+        run = runs.get(e)
+        if run is not None and run[0] == nid:
+            run[3], run[4] = max(run[3], end), run[4] + 1
+            continue
+        if run is not None:
+            events.append(_run_event(p, e, run, clk))
+        runs[e] = [nid, idx, start, end, 1]
+    for e, run in runs.items():
+        events.append(_run_event(p, e, run, clk))
+    return events
+
+
+def _run_event(p: LoadedProgram, e: int, run: list, clk: float) -> dict[str, Any]:
+    nid, first, start, end, count = run
+    node = p.nodes[nid][0]
+    return {
+        "name": node,
+        "cat": ENGINES[e],
+        "ph": "X",
+        "pid": 0,
+        "tid": e,
+        "ts": start / clk,
+        "dur": (end - start) / clk,
+        "args": {"node": node, "ir_op": p.ir_ops[p.ir_op_of[first]], "addr": first, "instructions": count},
+    }
