@@ -87,7 +87,8 @@ def cast(x: np.ndarray, out: str) -> np.ndarray:
         x = np.trunc(x.astype(np.float64)).astype(np.int64)
     elif out in ("f16", "bf16", "f8e4m3fn") and x.dtype != np.float32:
         x = x.astype(np.float32)  # one rounding step from f32, as the hardware converts
-    return x.astype(target)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf / wrap is the defined result
+        return x.astype(target)
 
 
 # -- elementwise ---------------------------------------------------------------------------------
