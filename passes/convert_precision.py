@@ -1,0 +1,140 @@
+"""``convert-precision{dtype=f16}``: the fp16 (or bf16) build of an f32 module.
+
+Assumes a valid module whose float tensors are f32.  Guarantees a valid module with the same
+interface (argument and result types unchanged) in which:
+
+* f32 constants become ``dtype`` constants (round half to even; finite values beyond the dtype's
+  range saturate to its largest finite value, so a ``-1e9`` attention mask fill stays finite);
+* every f32 argument is cast to ``dtype`` right after the function entry, and every result whose
+  dtype changed is cast back to its declared dtype right before ``mcp.return``;
+* every other op is rebuilt on the converted operands with each dtype attribute equal to f32
+  rewritten to ``dtype`` (``mcp.cast {to}``, ``mcp.matmul {out}``), its result types re-inferred.
+  So a matmul takes and produces ``dtype`` while still accumulating in f32, and softmax /
+  layer_norm / reductions compute in f32 internally and round once to ``dtype`` — the
+  interpreter's semantics of each op, nothing approximated here;
+* an op that does not accept the converted operand types (its ``infer_types`` refuses them, or it
+  would not produce ``dtype`` where it produced f32) is left exactly as it was, in f32, with casts
+  back to f32 inserted for its operands.  Integer and bool tensors are never touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from mcpc.arch import numerics as nx
+from mcpc.errors import VerifyError
+from mcpc.ir.core import Function, Module, Operation, Value
+from mcpc.ir.dtypes import F32, DType, dtype_from_name
+from mcpc.ir.ops_core import ConstantOp
+from mcpc.ir.ops_elementwise import CastOp
+from mcpc.passes.manager import Pass, PassContext, register_pass
+
+TARGETS = ("f16", "bf16")
+
+
+def convert_constant(value: np.ndarray, target: DType) -> np.ndarray:
+    """``value`` (f32) rounded to ``target``, finite values saturating at the largest finite one."""
+    big = float(np.finfo(target.np_dtype).max)
+    with np.errstate(invalid="ignore"):
+        clipped = np.where(np.isfinite(value), np.clip(value, -big, big), value).astype(np.float32)
+    return nx.cast(clipped, target.name)
+
+
+def convert_function(func: Function, target: DType) -> None:
+    """Convert ``func`` in place (see the module docstring)."""
+    new_ops: list[Operation] = []
+    vmap: dict[int, Value] = {}
+
+    def cast(v: Value, to: DType, loc) -> Value:
+        op = CastOp([v], {"to": to}, loc=loc)
+        new_ops.append(op)
+        return op.result
+
+    for arg in func.args:
+        if arg.type.dtype == F32:
+            vmap[id(arg)] = cast(arg, target, arg.name)
+    for op in func.ops:
+        operands = [vmap.get(id(v), v) for v in op.operands]
+        if isinstance(op, ConstantOp):
+            if op.value.dtype == np.float32:
+                new = ConstantOp([], {"value": convert_constant(op.value, target)}, loc=op.loc)
+                _carry(op, new, vmap, new_ops)
+            else:
+                new_ops.append(op)
+            continue
+        if op.IS_TERMINATOR:
+            op.operands = [
+                n if n.type.dtype == o.type.dtype else cast(n, o.type.dtype, op.loc)
+                for n, o in zip(operands, op.operands, strict=True)
+            ]
+            new_ops.append(op)
+            continue
+        new = _rebuilt(op, operands, target)
+        if new is None:  # keep it in f32: operands back to what it had
+            op.operands = [
+                n if n.type.dtype == o.type.dtype else cast(n, o.type.dtype, op.loc)
+                for n, o in zip(operands, op.operands, strict=True)
+            ]
+            new_ops.append(op)
+        elif isinstance(new, CastOp) and new.operands[0].type == new.result.type:
+            vmap[id(op.result)] = new.operands[0]  # a cast that became a no-op
+        else:
+            _carry(op, new, vmap, new_ops)
+    func.ops = new_ops
+
+
+def _rebuilt(op: Operation, operands: list[Value], target: DType) -> Operation | None:
+    """``op`` on ``operands`` with f32 dtype attributes → ``target``; None when that is not valid."""
+    if all(n is o for n, o in zip(operands, op.operands, strict=True)) and not _has_f32_attr(op):
+        return None if any(r.type.dtype == F32 for r in op.results) else op
+    attrs = {k: (target if isinstance(v, DType) and v == F32 else v) for k, v in op.attrs.items()}
+    try:
+        new = type(op)(operands, attrs, loc=op.loc)
+        new.verify()
+    except (ValueError, TypeError, IndexError, KeyError, VerifyError):
+        return None
+    for old_r, new_r in zip(op.results, new.results, strict=True):
+        want = target if old_r.type.dtype == F32 else old_r.type.dtype
+        if new_r.type != old_r.type.with_dtype(want):
+            return None
+    return new
+
+
+def _has_f32_attr(op: Operation) -> bool:
+    return any(isinstance(v, DType) and v == F32 for v in op.attrs.values())
+
+
+def _carry(old: Operation, new: Operation, vmap: dict[int, Value], new_ops: list[Operation]) -> None:
+    """Append ``new`` in place of ``old``, keeping quant info and mapping old results to new ones."""
+    new.quant = old.quant
+    for o, n in zip(old.results, new.results, strict=True):
+        n.quant = o.quant
+        if n is not o:
+            vmap[id(o)] = n
+    new_ops.append(new)
+
+
+@register_pass
+@dataclass(frozen=True)
+class ConvertPrecisionPass(Pass):
+    """Convert f32 weights and activations to ``dtype`` (f16 or bf16), f32 accumulation kept.
+
+    Assumes: a valid module.  Guarantees: a valid module with unchanged argument and result types;
+    see the module docstring for what converts and what stays f32.
+    """
+
+    name: ClassVar[str] = "convert-precision"
+    dtype: str = "f16"
+
+    def __post_init__(self):
+        if self.dtype not in TARGETS:
+            raise ValueError(f"dtype must be one of {', '.join(TARGETS)}, got {self.dtype!r}")
+
+    def apply(self, module: Module, ctx: PassContext) -> Module:
+        target = dtype_from_name(self.dtype)
+        for func in module.functions.values():
+            convert_function(func, target)
+        return module
