@@ -1,0 +1,128 @@
+"""``mcpc sim run``: simulate a .mcpb, print a rich summary, write outputs, profile and trace.
+
+Exported as ``sim_group`` (the lead registers it under ``mcpc``).  Errors are McpcError
+subclasses turned into ``error: <message>`` and the documented exit code (3 bad input, 5 trap)
+by this module's own guard, so the group behaves the same standalone and under ``mcpc``.  Every
+output file is written to a temporary file first and moved into place (never half-written).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+
+import click
+
+from mcpc.errors import McpcError, UsageError
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent or "."))
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _json_bytes(obj) -> bytes:
+    return (json.dumps(obj, indent=1, sort_keys=False) + "\n").encode("utf-8")
+
+
+def read_npz(path: Path) -> dict:
+    """Arrays of an .npz file; InputError naming the file when it is missing or not an npz."""
+    import numpy as np
+
+    from mcpc.errors import InputError
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such inputs file") from None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise InputError(f"{path}: not a readable .npz file ({exc})") from None
+
+
+_WIDEN = {"bfloat16": "float32", "float8_e4m3fn": "float32", "int4": "int8", "uint4": "uint8"}
+
+
+def _npz_bytes(arrays: dict) -> bytes:
+    """The .npz bytes of ``arrays``; ml_dtypes arrays are widened exactly (bf16/fp8 -> float32,
+    int4/uint4 -> int8/uint8) because .npz has no descriptor for them (they would load as void)."""
+    import numpy as np
+
+    buf = io.BytesIO()
+    plain = {}
+    for name, arr in arrays.items():
+        wide = _WIDEN.get(arr.dtype.name)
+        plain[name] = arr.astype(wide) if wide is not None else arr
+    np.savez(buf, **plain)
+    return buf.getvalue()
+
+
+class _Guarded(click.Command):
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except McpcError as err:
+            from rich.console import Console
+            from rich.text import Text
+
+            Console(stderr=True, soft_wrap=True, highlight=False).print(
+                Text.assemble(("error: ", "bold red"), err.message)
+            )
+            raise click.exceptions.Exit(err.exit_code) from None
+
+
+@click.group("sim")
+def sim_group():
+    """Run compiled .mcpb programs on the MCP 2026 simulator."""
+
+
+@sim_group.command("run", cls=_Guarded)
+@click.argument("program", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--inputs", "inputs_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Inputs as an .npz with one array per model input.")
+@click.option("--random-inputs", is_flag=True, help="Generate random inputs instead of --inputs.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --random-inputs.")
+@click.option("--outputs", "outputs_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write the outputs (named as the model's outputs) to this .npz.")
+@click.option("--profile-json", type=click.Path(path_type=Path, dir_okay=False), help="Write the profile JSON.")
+@click.option("--trace", "trace_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write a Chrome/Perfetto trace-event JSON (one track per engine).")
+@click.option("--entry", default="main", show_default=True, help="Entry point to run.")
+def run_command(program, inputs_path, random_inputs, seed, outputs_path, profile_json, trace_path, entry):
+    """Simulate PROGRAM (.mcpb) and print cycles, latency, traffic, utilisation and top nodes."""
+    from rich.console import Console
+
+    from mcpc.sim.api import load_program, random_inputs as make_random, run_program
+    from mcpc.sim.summary import render_summary
+
+    if inputs_path and random_inputs:
+        raise UsageError("give either --inputs or --random-inputs, not both")
+    loaded = load_program(program)
+    if inputs_path:
+        inputs = read_npz(inputs_path)
+    elif random_inputs:
+        inputs = make_random(loaded, entry, seed)
+    else:
+        inputs = {}
+    result = run_program(loaded, inputs, entry=entry, trace=trace_path is not None)
+    if outputs_path:
+        _atomic_write(outputs_path, _npz_bytes(result.outputs))
+    if profile_json:
+        _atomic_write(profile_json, _json_bytes(result.profile))
+    if trace_path:
+        doc = {"traceEvents": result.trace_events, "displayTimeUnit": "ns",
+               "otherData": {"program": program.name, "target": loaded.target.name, "entry": entry}}  # fmt: skip
+        _atomic_write(trace_path, json.dumps(doc, separators=(",", ":")).encode("utf-8"))
+    render_summary(result.profile, Console(soft_wrap=True, highlight=False), source=program.name)
