@@ -90,21 +90,36 @@ def sim_group():
 
 @sim_group.command("run", cls=_Guarded)
 @click.argument("program", type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--inputs", "inputs_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="Inputs as an .npz with one array per model input.")
+@click.option(
+    "--inputs",
+    "inputs_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Inputs as an .npz with one array per model input.",
+)
 @click.option("--random-inputs", is_flag=True, help="Generate random inputs instead of --inputs.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --random-inputs.")
-@click.option("--outputs", "outputs_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="Write the outputs (named as the model's outputs) to this .npz.")
-@click.option("--profile-json", type=click.Path(path_type=Path, dir_okay=False), help="Write the profile JSON.")
-@click.option("--trace", "trace_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="Write a Chrome/Perfetto trace-event JSON (one track per engine).")
+@click.option(
+    "--outputs",
+    "outputs_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write the outputs (named as the model's outputs) to this .npz.",
+)
+@click.option(
+    "--profile-json", type=click.Path(path_type=Path, dir_okay=False), help="Write the profile JSON."
+)
+@click.option(
+    "--trace",
+    "trace_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write a Chrome/Perfetto trace-event JSON (one track per engine).",
+)
 @click.option("--entry", default="main", show_default=True, help="Entry point to run.")
 def run_command(program, inputs_path, random_inputs, seed, outputs_path, profile_json, trace_path, entry):
     """Simulate PROGRAM (.mcpb) and print cycles, latency, traffic, utilisation and top nodes."""
     from rich.console import Console
 
-    from mcpc.sim.api import load_program, random_inputs as make_random, run_program
+    from mcpc.sim.api import load_program, run_program
+    from mcpc.sim.api import random_inputs as make_random
     from mcpc.sim.summary import render_summary
 
     if inputs_path and random_inputs:
@@ -122,7 +137,10 @@ def run_command(program, inputs_path, random_inputs, seed, outputs_path, profile
     if profile_json:
         _atomic_write(profile_json, _json_bytes(result.profile))
     if trace_path:
-        doc = {"traceEvents": result.trace_events, "displayTimeUnit": "ns",
-               "otherData": {"program": program.name, "target": loaded.target.name, "entry": entry}}  # fmt: skip
+        doc = {
+            "traceEvents": result.trace_events,
+            "displayTimeUnit": "ns",
+            "otherData": {"program": program.name, "target": loaded.target.name, "entry": entry},
+        }
         _atomic_write(trace_path, json.dumps(doc, separators=(",", ":")).encode("utf-8"))
     render_summary(result.profile, Console(soft_wrap=True, highlight=False), source=program.name)

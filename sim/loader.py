@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -39,8 +38,8 @@ class LoadedProgram:
 
     ``instrs[i]`` is the decoded Instr (None for a word that does not decode); ``recs[i]`` its
     event-loop record; ``node_of[i]`` the index into ``nodes`` (``(onnx_node, op_type)``) and
-    ``ir_op_of[i]`` the index into ``ir_ops``; ``engine_of[i]`` its engine; the ``busy``/``tail``/``macs``/``dram_read``/
-    ``dram_write``/``sram_hi`` arrays are static per-instruction counters.
+    ``ir_op_of[i]`` the index into ``ir_ops``; ``engine_of[i]`` its engine; the ``busy``, ``tail``,
+    ``macs``, ``dram_read``, ``dram_write`` and ``sram_hi`` arrays are static per-instruction counters.
     """
 
     source: str
@@ -138,7 +137,9 @@ def from_program(program: Program, source: str = "<program>") -> LoadedProgram:
         mnemonics.append(instr.op)
         mac_dtype.append(instr.in_dtype if instr.op == "matmul" else None)
         dma = instr.op in ("load", "store", "gather")
-        recs.append((instr.engine, _mask(instr.wait), _mask(instr.signal), fn, args, cost.busy, cost.tail, dma))
+        recs.append(
+            (instr.engine, _mask(instr.wait), _mask(instr.signal), fn, args, cost.busy, cost.tail, dma)
+        )
         cols[:6, idx] = (cost.busy, cost.tail, cost.macs, cost.dram_read, cost.dram_write, hi)
         cols[7, idx] = instr.engine
     loaded = LoadedProgram(

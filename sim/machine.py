@@ -64,4 +64,6 @@ def dram_rows(m: Machine, addr: int, rows: int, row_bytes: int, stride: int) -> 
         raise Fault(
             f"DRAM address out of range: bytes [{addr:#x}, {hi:#x}) outside DRAM [0, {m.dram_size:#x})"
         )
-    return np.ndarray((rows, row_bytes), dtype=np.uint8, buffer=m.dram, offset=max(addr, 0), strides=(stride, 1))
+    return np.ndarray(
+        (rows, row_bytes), dtype=np.uint8, buffer=m.dram, offset=max(addr, 0), strides=(stride, 1)
+    )

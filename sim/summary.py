@@ -18,7 +18,9 @@ def render_summary(profile: dict, console: Console, source: str = "", top: int =
     """Print the profile as a few compact tables (assumes the dict from ``build_profile``)."""
     p = profile
     roof = p["roofline"]
-    head = Table(title=f"{source} on {p['target']} (entry {p['entry']})", title_justify="left", show_header=False)
+    head = Table(
+        title=f"{source} on {p['target']} (entry {p['entry']})", title_justify="left", show_header=False
+    )
     head.add_column(justify="left")
     head.add_column(justify="right")
     rows = [
@@ -55,7 +57,11 @@ def render_summary(profile: dict, console: Console, source: str = "", top: int =
     total = sum(n["cycles"] for n in p["nodes"]) or 1
     for n in p["nodes"][:top]:
         nodes.add_row(
-            n["name"], n["op_type"], f"{n['cycles']:,}", f"{100 * n['cycles'] / total:.1f}",
-            f"{n['span']:,}", f"{n['instructions']:,}",
-        )  # fmt: skip
+            n["name"],
+            n["op_type"],
+            f"{n['cycles']:,}",
+            f"{100 * n['cycles'] / total:.1f}",
+            f"{n['span']:,}",
+            f"{n['instructions']:,}",
+        )
     console.print(nodes)

@@ -47,9 +47,15 @@ def build(
             nbytes = int(np.prod(shape, dtype=np.int64)) * NUMPY_DTYPES[dtype].itemsize
             addrs[name] = cur
             io[f"{kind}s"].append(
-                {"name": name, "dtype": dtype, "shape": list(shape), "dram": cur, "bytes": nbytes,
-                 "onnx_dtype": 1}
-            )  # fmt: skip
+                {
+                    "name": name,
+                    "dtype": dtype,
+                    "shape": list(shape),
+                    "dram": cur,
+                    "bytes": nbytes,
+                    "onnx_dtype": 1,
+                }
+            )
             regions.append({"name": name, "kind": kind, "dram": cur, "bytes": nbytes})
             cur = _align(cur + nbytes)
     addrs["scratch"] = cur
@@ -57,7 +63,9 @@ def build(
         regions.append({"name": "scratch", "kind": "scratch", "dram": cur, "bytes": scratch})
     size = _align(cur + scratch + 64)
     node_of = node_of or (lambda i: f"n{i}")
-    debug = [{"ir_op": f"mcp.{ins.op}", "onnx_node": node_of(i), "op_type": "Test"} for i, ins in enumerate(instrs)]
+    debug = [
+        {"ir_op": f"mcp.{ins.op}", "onnx_node": node_of(i), "op_type": "Test"} for i, ins in enumerate(instrs)
+    ]
     program = Program.for_target(
         t,
         encode_program(instrs),

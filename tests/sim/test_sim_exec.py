@@ -67,8 +67,21 @@ def test_vbin_strided_row_broadcast(dtype, func):
     b = data(dtype, (1, 5))  # one row repeated (row stride 0)
     put(m, 0x0, a)
     put(m, 0x400, b)
-    run(m, "vbin", func=func, in_dtype=dtype, out_dtype=dtype, dst=0x800, src0=0x0, src1=0x400,
-        rows=3, cols=5, dst_stride=6, s0_stride=8, s1_stride=0)  # fmt: skip
+    run(
+        m,
+        "vbin",
+        func=func,
+        in_dtype=dtype,
+        out_dtype=dtype,
+        dst=0x800,
+        src0=0x0,
+        src1=0x400,
+        rows=3,
+        cols=5,
+        dst_stride=6,
+        s0_stride=8,
+        s1_stride=0,
+    )
     wide = "f32" if dtype != "i32" else "i32"
     ref = f32_then(dtype, REF[func](a[:, :5].astype(NUMPY_DTYPES[wide]), b.astype(NUMPY_DTYPES[wide])))
     got = get(m, 0x800, 3, 5, dtype, row_stride=6)
@@ -81,8 +94,22 @@ def test_vbin_column_broadcast_and_comparison():
     col = data("f32", (4, 1))
     put(m, 0, a)
     put(m, 0x200, col)
-    run(m, "vbin", func="gt", in_dtype="f32", out_dtype="i1", dst=0x400, src0=0, src1=0x200,
-        rows=4, cols=6, dst_stride=6, s0_stride=6, s1_stride=1, s1_bcast=1)  # fmt: skip
+    run(
+        m,
+        "vbin",
+        func="gt",
+        in_dtype="f32",
+        out_dtype="i1",
+        dst=0x400,
+        src0=0,
+        src1=0x200,
+        rows=4,
+        cols=6,
+        dst_stride=6,
+        s0_stride=6,
+        s1_stride=1,
+        s1_bcast=1,
+    )
     np.testing.assert_array_equal(get(m, 0x400, 4, 6, "i1"), a > col)
 
 
@@ -92,8 +119,21 @@ def test_vbin_integer_division_truncates_and_dst_aliases_src():
     b = np.array([[2, -2, 3, 4]], dtype=np.int32)
     put(m, 0, a)
     put(m, 0x40, b)
-    run(m, "vbin", func="div", in_dtype="i32", out_dtype="i32", dst=0, src0=0, src1=0x40,
-        rows=1, cols=4, dst_stride=4, s0_stride=4, s1_stride=4)  # fmt: skip
+    run(
+        m,
+        "vbin",
+        func="div",
+        in_dtype="i32",
+        out_dtype="i32",
+        dst=0,
+        src0=0,
+        src1=0x40,
+        rows=1,
+        cols=4,
+        dst_stride=4,
+        s0_stride=4,
+        s1_stride=4,
+    )
     np.testing.assert_array_equal(get(m, 0, 1, 4, "i32"), [[-3, -3, -2, 2]])
 
 
@@ -101,14 +141,39 @@ def test_vbini_reverse_and_immediate_in_dtype():
     m = machine()
     a = data("f16", (2, 4))
     put(m, 0, a)
-    run(m, "vbini", func="sub", in_dtype="f16", out_dtype="f32", dst=0x100, src0=0, imm=1.5, rev=1,
-        rows=2, cols=4, dst_stride=4, s0_stride=4)  # fmt: skip
+    run(
+        m,
+        "vbini",
+        func="sub",
+        in_dtype="f16",
+        out_dtype="f32",
+        dst=0x100,
+        src0=0,
+        imm=1.5,
+        rev=1,
+        rows=2,
+        cols=4,
+        dst_stride=4,
+        s0_stride=4,
+    )
     np.testing.assert_array_equal(get(m, 0x100, 2, 4, "f32"), F32(1.5) - a.astype(F32))
     ints = np.array([[5, -5, 7, 0]], dtype=np.int32)
     put(m, 0x200, ints)
     # the f32 immediate 2.9 becomes the i32 operand 2 (truncation), as a constant tensor would
-    run(m, "vbini", func="mul", in_dtype="i32", out_dtype="i32", dst=0x200, src0=0x200, imm=2.9,
-        rows=1, cols=4, dst_stride=4, s0_stride=4)  # fmt: skip
+    run(
+        m,
+        "vbini",
+        func="mul",
+        in_dtype="i32",
+        out_dtype="i32",
+        dst=0x200,
+        src0=0x200,
+        imm=2.9,
+        rows=1,
+        cols=4,
+        dst_stride=4,
+        s0_stride=4,
+    )
     np.testing.assert_array_equal(get(m, 0x200, 1, 4, "i32"), ints * 2)
 
 
@@ -116,20 +181,65 @@ def test_vun_functions_casts_and_broadcast():
     m = machine()
     x = data("f32", (3, 4))
     put(m, 0, x)
-    run(m, "vun", func="exp", in_dtype="f32", out_dtype="f32", dst=0x100, src=0, rows=3, cols=4,
-        dst_stride=4, src_stride=4)  # fmt: skip
+    run(
+        m,
+        "vun",
+        func="exp",
+        in_dtype="f32",
+        out_dtype="f32",
+        dst=0x100,
+        src=0,
+        rows=3,
+        cols=4,
+        dst_stride=4,
+        src_stride=4,
+    )
     np.testing.assert_array_equal(get(m, 0x100, 3, 4, "f32"), np.exp(x.astype(np.float64)).astype(F32))
-    run(m, "vun", func="copy", in_dtype="f32", out_dtype="bf16", dst=0x200, src=0, rows=3, cols=4,
-        dst_stride=4, src_stride=4)  # fmt: skip
+    run(
+        m,
+        "vun",
+        func="copy",
+        in_dtype="f32",
+        out_dtype="bf16",
+        dst=0x200,
+        src=0,
+        rows=3,
+        cols=4,
+        dst_stride=4,
+        src_stride=4,
+    )
     np.testing.assert_array_equal(get(m, 0x200, 3, 4, "bf16"), x.astype(ml_dtypes.bfloat16))
     # src_bcast: element r of a column repeated along row r
-    run(m, "vun", func="neg", in_dtype="f32", out_dtype="f32", dst=0x300, src=0, rows=3, cols=5,
-        dst_stride=5, src_stride=4, src_bcast=1)  # fmt: skip
+    run(
+        m,
+        "vun",
+        func="neg",
+        in_dtype="f32",
+        out_dtype="f32",
+        dst=0x300,
+        src=0,
+        rows=3,
+        cols=5,
+        dst_stride=5,
+        src_stride=4,
+        src_bcast=1,
+    )
     np.testing.assert_array_equal(get(m, 0x300, 3, 5, "f32"), np.repeat(-x[:, :1], 5, axis=1))
     ints = np.array([[-3, 4, -1, 0]], dtype=np.int32)
     put(m, 0x400, ints)
-    run(m, "vun", func="relu", in_dtype="i32", out_dtype="i32", dst=0x400, src=0x400, rows=1, cols=4,
-        dst_stride=4, src_stride=4)  # fmt: skip
+    run(
+        m,
+        "vun",
+        func="relu",
+        in_dtype="i32",
+        out_dtype="i32",
+        dst=0x400,
+        src=0x400,
+        rows=1,
+        cols=4,
+        dst_stride=4,
+        src_stride=4,
+    )
     np.testing.assert_array_equal(get(m, 0x400, 1, 4, "i32"), np.maximum(ints, 0))
 
 
@@ -138,8 +248,18 @@ def test_vred_rows_with_stride(func, ref):
     m = machine()
     x = data("f16", (5, 16))
     put(m, 0, x)
-    run(m, "vred", func=func, in_dtype="f16", out_dtype="f32", dst=0x400, src=0, rows=5, cols=12,
-        src_stride=16)  # fmt: skip
+    run(
+        m,
+        "vred",
+        func=func,
+        in_dtype="f16",
+        out_dtype="f32",
+        dst=0x400,
+        src=0,
+        rows=5,
+        cols=12,
+        src_stride=16,
+    )
     want = ref(x[:, :12].astype(F32), axis=1)
     np.testing.assert_allclose(get(m, 0x400, 1, 5, "f32")[0], want, rtol=1e-6)
     if func != "sum":
@@ -154,8 +274,20 @@ def test_vsel_in_place_with_broadcast_condition():
     put(m, 0, cond)
     put(m, 0x40, src)
     put(m, 0x100, dst)
-    run(m, "vsel", cond=0, src=0x40, dst=0x100, dtype="f16", rows=3, cols=4, cond_stride=1,
-        src_stride=4, dst_stride=4, cond_bcast=1)  # fmt: skip
+    run(
+        m,
+        "vsel",
+        cond=0,
+        src=0x40,
+        dst=0x100,
+        dtype="f16",
+        rows=3,
+        cols=4,
+        cond_stride=1,
+        src_stride=4,
+        dst_stride=4,
+        cond_bcast=1,
+    )
     np.testing.assert_array_equal(get(m, 0x100, 3, 4, "f16"), np.where(cond, src, dst))
 
 
@@ -179,8 +311,22 @@ def test_matmul_k_tiles_match_numerics_bit_exact(dtype):
     for k0 in range(0, 40, 16):
         kk = min(16, 40 - k0)
         size = NUMPY_DTYPES[dtype].itemsize
-        run(m, "matmul", a=k0 * size, b=0x1000 + k0 * size, c=0x3000, m=6, n=10, k=kk, a_stride=40,
-            b_stride=40, c_stride=12, in_dtype=dtype, acc=int(k0 > 0), trans_b=1)  # fmt: skip
+        run(
+            m,
+            "matmul",
+            a=k0 * size,
+            b=0x1000 + k0 * size,
+            c=0x3000,
+            m=6,
+            n=10,
+            k=kk,
+            a_stride=40,
+            b_stride=40,
+            c_stride=12,
+            in_dtype=dtype,
+            acc=int(k0 > 0),
+            trans_b=1,
+        )
     want = matmul_2d(a, b, tile=(0, 0, 16))
     np.testing.assert_array_equal(get(m, 0x3000, 6, 10, "f32", row_stride=12), want)
     np.testing.assert_allclose(want, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-2, atol=1e-2)
@@ -194,8 +340,18 @@ def test_load_store_gather_and_registers():
     run(m, "load", dram=0x100, dram_reg=3, sram=0, rows=3, row_bytes=8, dram_stride=16, sram_stride=12)
     np.testing.assert_array_equal(get(m, 0, 3, 2, "f32", row_stride=3), table[2:5, :2])
     put(m, 0x200, np.array([[7, 0, 7, 3]], dtype=np.int32))
-    run(m, "gather", dram=0x100, sram_idx=0x200, count=4, row_bytes=16, dram_stride=16, sram=0x400,
-        sram_stride=16, limit=10)  # fmt: skip
+    run(
+        m,
+        "gather",
+        dram=0x100,
+        sram_idx=0x200,
+        count=4,
+        row_bytes=16,
+        dram_stride=16,
+        sram=0x400,
+        sram_stride=16,
+        limit=10,
+    )
     np.testing.assert_array_equal(get(m, 0x400, 4, 4, "f32"), table[[7, 0, 7, 3]])
     run(m, "store", dram=0x800, sram=0x400, rows=4, row_bytes=16, dram_stride=32, sram_stride=16)
     back = m.dram[0x800 : 0x800 + 4 * 32].view(np.float32).reshape(4, 8)[:, :4]

@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 from simprog import build, loaded
 
-from mcpc.arch.isa import Instr
+from mcpc.arch.asm import parse_asm
 from mcpc.arch.numerics import matmul_2d
 from mcpc.errors import SimTrap
 from mcpc.sim.api import run_program
 
 M, N, K, TK = 32, 48, 256, 64
+F32 = np.float32
 A_SLOT, B_SLOT, C_ADDR = (0x0, 0x4000), (0x8000, 0x10000), 0x20000
 
 
@@ -23,25 +24,29 @@ def matmul_program(double_buffer: bool = True, drop: tuple[int, str] | None = No
     ``drop=(instruction index, "wait"|"signal")`` clears that instruction's token bits.
     """
     tiles = K // TK
-    code: list[Instr] = []
+    lines: list[str] = []
     nodes: list[str] = []
     for t in range(tiles):
         s = t % 2 if double_buffer else 0
         reuse = t >= (2 if double_buffer else 1)
-        code.append(Instr("load", dict(dram=t * TK * 4, sram=A_SLOT[s], rows=M, row_bytes=TK * 4,
-                                       dram_stride=K * 4, sram_stride=TK * 4), wait=0b010 if reuse else 0))  # fmt: skip
-        code.append(Instr("load", dict(dram=M * K * 4 + t * TK * N * 4, sram=B_SLOT[s], rows=TK,
-                                       row_bytes=N * 4, dram_stride=N * 4, sram_stride=N * 4), signal=0b010))  # fmt: skip
-        last = t == tiles - 1
         frees = t + (2 if double_buffer else 1) < tiles
-        code.append(Instr("matmul", dict(a=A_SLOT[s], b=B_SLOT[s], c=C_ADDR, m=M, n=N, k=TK, a_stride=TK,
-                                         b_stride=N, c_stride=N, in_dtype="f32", acc=int(t > 0)),
-                          wait=0b001, signal=(0b001 if frees else 0) | (0b100 if last else 0)))  # fmt: skip
+        signal = "|".join(x for x, on in (("LD", frees), ("ST", t == tiles - 1)) if on) or "-"
+        lines += [
+            f"load dram={t * TK * 4} sram={A_SLOT[s]} rows={M} row_bytes={TK * 4} dram_stride={K * 4} "
+            f"sram_stride={TK * 4} wait={'EX' if reuse else '-'}",
+            f"load dram={(M * K + t * TK * N) * 4} sram={B_SLOT[s]} rows={TK} row_bytes={N * 4} "
+            f"dram_stride={N * 4} sram_stride={N * 4} signal=EX",
+            f"matmul a={A_SLOT[s]} b={B_SLOT[s]} c={C_ADDR} m={M} n={N} k={TK} a_stride={TK} b_stride={N} "
+            f"c_stride={N} in_dtype=f32 acc={int(t > 0)} wait=LD signal={signal}",
+        ]
         nodes += ["load_a", "load_b", "matmul"]
-    code.append(Instr("store", dict(dram=(M * K + K * N) * 4, sram=C_ADDR, rows=M, row_bytes=N * 4,
-                                    dram_stride=N * 4, sram_stride=N * 4), wait=0b010))  # fmt: skip
-    code.append(Instr("halt", {}))
+    lines += [
+        f"store dram={(M * K + K * N) * 4} sram={C_ADDR} rows={M} row_bytes={N * 4} dram_stride={N * 4} "
+        f"sram_stride={N * 4} wait=EX",
+        "halt",
+    ]
     nodes += ["store", "halt"]
+    code = parse_asm("\n".join(lines))
     if drop is not None:
         idx, what = drop
         code[idx] = code[idx].replace(**{what: 0})
@@ -57,7 +62,7 @@ def matmul_program(double_buffer: bool = True, drop: tuple[int, str] | None = No
 @pytest.fixture(scope="module")
 def ab():
     rng = np.random.default_rng(1)
-    return {"a": rng.standard_normal((M, K), dtype=np.float32), "b": rng.standard_normal((K, N), dtype=np.float32)}
+    return {"a": rng.standard_normal((M, K), dtype=F32), "b": rng.standard_normal((K, N), dtype=F32)}
 
 
 def _intervals(events, tid):
@@ -101,14 +106,16 @@ def test_missing_signal_token_deadlocks_with_named_instructions(ab):
 
 def test_dram_streaming_reaches_bandwidth():
     chunk, count = 64 * 1024, 24
-    code = []
+    lines = []
     for i in range(count):
-        code.append(Instr("load", dict(dram=i * chunk, sram=(i % 4) * chunk, rows=64, row_bytes=1024,
-                                       dram_stride=1024, sram_stride=1024), signal=0b100,
-                          wait=0b100 if i >= 4 else 0))  # fmt: skip
-        code.append(Instr("store", dict(dram=(count + i) * chunk, sram=(i % 4) * chunk, rows=1,
-                                        row_bytes=chunk), wait=0b001, signal=0b001 if i + 4 < count else 0))  # fmt: skip
-    code.append(Instr("halt", {}))
+        slot = (i % 4) * chunk
+        lines += [
+            f"load dram={i * chunk} sram={slot} rows=64 row_bytes=1024 dram_stride=1024 sram_stride=1024 "
+            f"signal=ST wait={'ST' if i >= 4 else '-'}",
+            f"store dram={(count + i) * chunk} sram={slot} rows=1 row_bytes={chunk} wait=LD "
+            f"signal={'LD' if i + 4 < count else '-'}",
+        ]
+    code = parse_asm("\n".join([*lines, "halt"]))
     # edge: 64 KiB take ~600 transfer cycles, so four buffers in flight cover the DRAM latency
     io = {"inputs": {"x": ("u8", (count * chunk,))}, "outputs": {"y": ("u8", (count * chunk,))}}
     program, _ = build(code, target="mcp2026-edge", **io)
@@ -123,12 +130,11 @@ def test_dram_streaming_reaches_bandwidth():
 def test_matmul_stream_reaches_peak_macs():
     # edge: 64 x 128 array, f16 at 8192 MACs/cycle; each instruction fills the array for k cycles
     k, count = 4096, 6
-    code = [
-        Instr("matmul", dict(a=0, b=0x80000, c=0x180000, m=64, n=128, k=k, a_stride=k, b_stride=128,
-                             c_stride=128, in_dtype="f16", acc=int(i > 0)))
-        for i in range(count)
-    ]  # fmt: skip
-    program, _ = build(code + [Instr("halt", {})], target="mcp2026-edge")
+    mm = (
+        "matmul a=0 b=0x80000 c=0x180000 m=64 n=128 k={k} a_stride={k} b_stride=128 c_stride=128 in_dtype=f16"
+    )
+    code = "\n".join([*(f"{mm.format(k=k)} acc={int(i > 0)}" for i in range(count)), "halt"])
+    program, _ = build(code, target="mcp2026-edge")
     res = run_program(loaded(program), {})
     prof = res.profile
     assert prof["macs"] == count * 64 * 128 * k
@@ -138,7 +144,6 @@ def test_matmul_stream_reaches_peak_macs():
 
 
 def test_small_m_underfills_the_array():
-    code = [Instr("matmul", dict(m=1, n=128, k=512, a_stride=512, b=0x1000, b_stride=128, c=0x40000,
-                                 c_stride=128, in_dtype="f16")), Instr("halt", {})]  # fmt: skip
+    code = "matmul a=0 b=0x1000 c=0x40000 m=1 n=128 k=512 a_stride=512 b_stride=128 c_stride=128 in_dtype=f16"
     res = run_program(loaded(build(code, target="mcp2026-edge")[0]), {})
     assert res.profile["roofline"]["mac_utilization"] < 1 / 32
