@@ -1,11 +1,12 @@
 """Parse errors carry file:line:col, the offending line and a caret under the column."""
 
 import re
+from pathlib import Path
 
 import pytest
 
 from mcpc.errors import InputError, ParseError
-from mcpc.ir import parse_module
+from mcpc.ir import parse_module, print_module
 from mcpc.ir.parser import parse_attr, parse_type
 
 GOOD = """\
@@ -106,3 +107,10 @@ def test_caret_points_at_second_result_declaration():
     head, line, caret = str(info.value).split("\n")
     assert "result 'z' declared tensor<1xf32>" in head
     assert line[caret.index("^") :].startswith('"z"')
+
+
+def test_docs_example_parses_and_round_trips():
+    doc = (Path(__file__).parents[2] / "docs" / "ir.md").read_text()
+    example = doc.split("```\n", 2)[1]
+    assert example.startswith("module @encoder")
+    assert print_module(parse_module(example, filename="docs/ir.md")) == example
