@@ -122,12 +122,13 @@ def from_program(program: Program, source: str = "<program>") -> LoadedProgram:
         ir_of[idx] = ir_index.setdefault(str(info.get("ir_op") or ""), len(ir_index))
         word = text[idx * INSTR_BYTES : (idx + 1) * INSTR_BYTES]
         try:
-            instr = decode(word, idx)
-        except InputError as exc:
+            instr = decode(word)
+        except InputError as exc:  # the message then starts with "instruction word: "
             instrs.append(None)
             mnemonics.append(f"illegal(opcode {word[0]})")
             mac_dtype.append(None)
-            fn, args, _ = illegal(f"illegal instruction: {exc.message}")
+            reason = exc.message.split(": ", 1)[-1]
+            fn, args, _ = illegal(f"illegal instruction: {reason}")
             recs.append((1, (), (), fn, args, 1, 0, False))
             cols[0, idx], cols[7, idx] = 1, 1
             continue
