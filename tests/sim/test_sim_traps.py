@@ -53,7 +53,7 @@ def test_sram_overflow_trap_names_instruction_and_node():
 
 def test_dram_out_of_range_through_a_register():
     # the register is set on EX and read on LD: the token orders them (without it LD would go first)
-    msg = _trap("setr reg=2 value=1000000 signal=LD\nload dram=0 dram_reg=2 sram=0 rows=1 row_bytes=4 wait=EX")
+    msg = _trap("setr reg=2 value=1000000 signal=LD\nload dram=0 dram_reg=2 sram=0 rows=1 row_bytes=4 wait=EX\n")
     assert "instruction 1 (0x20) load" in msg and "/block/node1" in msg and "DRAM address out of range" in msg
 
 
@@ -64,7 +64,8 @@ def test_gather_index_out_of_range():
 
 def test_deadlock_when_no_token_ever_arrives():
     msg = _trap("load dram=0 sram=0 rows=1 row_bytes=4 wait=EX\nhalt")
-    assert "token deadlock" in msg and "instruction 0 (0x0) load" in msg and "waits for a token from EX" in msg
+    assert "token deadlock" in msg and "instruction 0 (0x0) load" in msg
+    assert "waits for a token from EX" in msg
 
 
 def test_illegal_word_traps_only_when_executed():
@@ -74,7 +75,8 @@ def test_illegal_word_traps_only_when_executed():
     program.entries = [{"name": "main", "start": 0, "count": 6}]
     run_program(loaded(program), x_input())
     program.text = reserved + program.text[INSTR_BYTES:]
-    with pytest.raises(SimTrap, match=r"instruction 0 \(0x0\) illegal\(opcode 14\).*: illegal instruction: reserved opcode 14"):
+    expect = r"instruction 0 \(0x0\) illegal\(opcode 14\).*: illegal instruction: reserved opcode 14"
+    with pytest.raises(SimTrap, match=expect):
         run_program(loaded(program), x_input())
 
 
