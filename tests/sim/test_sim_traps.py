@@ -52,8 +52,10 @@ def test_sram_overflow_trap_names_instruction_and_node():
 
 
 def test_dram_out_of_range_through_a_register():
-    # the register is set on EX and read on LD: the token orders them (without it LD would go first)
-    msg = _trap("setr reg=2 value=1000000 signal=LD\nload dram=0 dram_reg=2 sram=0 rows=1 row_bytes=4 wait=EX\n")
+    # set on EX, read on LD: the token orders them (without it LD would go first)
+    msg = _trap(
+        "setr reg=2 value=1000000 signal=LD\nload dram=0 dram_reg=2 sram=0 rows=1 row_bytes=4 wait=EX"
+    )
     assert "instruction 1 (0x20) load" in msg and "/block/node1" in msg and "DRAM address out of range" in msg
 
 
