@@ -17,9 +17,8 @@ import copy
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, ClassVar
 
-from mcpc.ir.types import TensorType
-
 from mcpc.errors import VerifyError
+from mcpc.ir.types import TensorType
 
 # Attribute kinds understood by the generic verifier.  Values are plain Python objects:
 #   int, float, bool, str, ints (list[int]), floats (list[float]), dtype (DType),
@@ -168,6 +167,7 @@ class Operation:
 def check_attr_kind(key: str, kind: str, value: Any) -> None:
     """Raise ValueError when ``value`` is not of attribute kind ``kind``."""
     import numpy as np
+
     from mcpc.ir.dtypes import DType
 
     ok = {

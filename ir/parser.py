@@ -13,11 +13,11 @@ import re
 from typing import Any
 
 import numpy as np
+
+from mcpc.errors import ParseError
 from mcpc.ir.core import OP_REGISTRY, Function, Module, Value
 from mcpc.ir.dtypes import DTYPES, DType
 from mcpc.ir.types import TensorType
-
-from mcpc.errors import ParseError
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.$]*")
 _VALUE_TOKEN = re.compile(r"[A-Za-z0-9_.$]+")
