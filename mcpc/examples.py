@@ -31,7 +31,8 @@ _NEG = -1e9  # masked attention logit (saturates to the dtype's lowest finite va
 class _Builder:
     """Collects nodes and initializers with unique names; draws weights from one seeded RNG."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, opset: int = 17):
+        self.opset = opset
         self.rng = np.random.default_rng(seed)
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
@@ -60,7 +61,13 @@ class _Builder:
     def layer_norm(self, x: str, d: int, prefix: str) -> str:
         g = self.weight(f"{prefix}.weight", (d,), std=0.1, mean=1.0)
         b = self.weight(f"{prefix}.bias", (d,), std=0.02)
-        return self.op("LayerNormalization", [x, g, b], name=prefix, axis=-1, epsilon=1e-5)
+        if self.opset >= 17:
+            return self.op("LayerNormalization", [x, g, b], name=prefix, axis=-1, epsilon=1e-5)
+        # LayerNormalization is opset 17: older exports spell it out (ReduceMean axes: an attribute < 18)
+        d = self.op("Sub", [x, self.op("ReduceMean", [x], axes=[-1])])
+        var = self.op("ReduceMean", [self.op("Mul", [d, d])], axes=[-1])
+        std = self.op("Sqrt", [self.op("Add", [var, self.const(f"{prefix}.eps", np.float32(1e-5))])])
+        return self.op("Add", [self.op("Mul", [self.op("Div", [d, std]), g]), b], name=prefix)
 
     def model(self, name: str, inputs, outputs, opset: int) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, name, inputs, outputs, self.inits)
@@ -113,7 +120,7 @@ def encoder_block(
     if hidden % heads:
         raise ValueError(f"hidden {hidden} is not divisible by heads {heads}")
     hd, ffn = hidden // heads, ffn or 4 * hidden
-    b = _Builder(seed)
+    b = _Builder(seed, opset)
     h = b.layer_norm("x", hidden, "ln1")
     # Reshape with 0 = "copy this dim", as exporters write it
     split_shape = b.const("heads_shape", np.array([0, 0, heads, hd], np.int64))
@@ -145,7 +152,7 @@ def causal_mask(seq: int, batch: int = 1) -> np.ndarray:
 def decoder_block(hidden: int = 256, heads: int = 4, opset: int = 17, seed: int = 0) -> onnx.ModelProto:
     """Causal self-attention layer on x: [1, "seq", hidden] f32 (``seq`` symbolic) → y, same shape."""
     hd = hidden // heads
-    b = _Builder(seed)
+    b = _Builder(seed, opset)
     i64 = lambda name, v: b.const(name, np.array(v, np.int64))  # noqa: E731
 
     def mean(x: str) -> str:  # axes became an input in opset 18

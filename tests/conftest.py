@@ -8,9 +8,6 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-# ONNX Runtime may lag behind the newest onnx package: keep tests' IR version loadable by it.
-ORT_IR_VERSION = 10
-
 
 def norm_max_err(y: np.ndarray, r: np.ndarray) -> float:
     """max|y − r| / max|r| (absolute error when r is all zeros), in f64."""
@@ -60,8 +57,10 @@ def ref_run():
 def make_model(nodes, inputs, outputs, initializers=(), opset=17, name="test") -> onnx.ModelProto:
     """A checked ModelProto from onnx.helper parts; ``inputs``/``outputs`` are ValueInfoProtos."""
     graph = helper.make_graph(list(nodes), name, list(inputs), list(outputs), list(initializers))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = ORT_IR_VERSION
+    opsets = [helper.make_opsetid("", opset)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    # the oldest IR version for this opset: ONNX Runtime may lag behind the onnx package
+    model.ir_version = helper.find_min_ir_version_for(opsets)
     onnx.checker.check_model(model)
     return model
 

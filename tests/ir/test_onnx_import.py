@@ -1,0 +1,282 @@
+"""ONNX import end to end: the example blocks against ONNX Runtime, dim binding, error reporting,
+I/O boundary dtypes, module structure and the ONNX-vs-IR shape cross-check."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import onnx
+import pytest
+from conftest import make_model, norm_max_err, vi
+from onnx import TensorProto, helper, numpy_helper
+
+from mcpc.errors import InputError, UnsupportedError
+from mcpc.examples import build_examples, causal_mask, decoder_block, encoder_block, mlp
+from mcpc.ir import onnx_import as onnx_import_module
+from mcpc.ir import parse_module, print_module
+from mcpc.ir.interpreter import interpret
+from mcpc.ir.onnx_import import ImporterBug, import_onnx
+
+rng = np.random.default_rng(7)
+
+
+def _randn(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("opset", [17, 13, 18, 21, 28])
+def test_encoder_block_matches_onnxruntime(opset, ort_run):
+    """The acceptance block: opset 17, hidden 256, 4 heads, seq 64, causal mask input (≤ 1e-5).
+    Smaller blocks check the other opsets (13 spells LayerNorm out, 18+ moves ReduceMean axes)."""
+    size = dict(hidden=256, heads=4, seq=64) if opset == 17 else dict(hidden=64, heads=2, seq=16)
+    model = encoder_block(opset=opset, **size)
+    feeds = {"x": _randn(1, size["seq"], size["hidden"]), "mask": causal_mask(size["seq"])}
+    start = time.perf_counter()
+    module = import_onnx(model)
+    imported = time.perf_counter()
+    got = interpret(module, feeds)["y"]
+    done = time.perf_counter()
+    ref = ort_run(model, feeds)["y"]
+    assert norm_max_err(got, ref) <= 1e-5
+    assert module.main.arg_names == ["x", "mask"] and module.main.result_names == ["y"]
+    assert module.main.args[1].type.dtype.name == "i1"
+    print(f"encoder opset {opset}: import {imported - start:.4f} s, interpret {done - imported:.4f} s")
+
+
+def test_encoder_mask_matters(ort_run):
+    """The mask input really masks: a full mask gives another result, and still matches ORT."""
+    model = encoder_block(hidden=64, heads=2, seq=8)
+    x = _randn(1, 8, 64)
+    full = {"x": x, "mask": np.ones((1, 1, 8, 8), bool)}
+    causal = {"x": x, "mask": causal_mask(8)}
+    module = import_onnx(model)
+    y_full, y_causal = interpret(module, full)["y"], interpret(module, causal)["y"]
+    assert norm_max_err(y_full, y_causal) > 1e-3
+    assert norm_max_err(y_full, ort_run(model, full)["y"]) <= 1e-5
+
+
+def test_decoder_block_with_dim_binding(ort_run):
+    model = decoder_block(hidden=64, heads=2)
+    x = _randn(1, 24, 64)
+    module = import_onnx(model, dims={"seq": 24})
+    # the in-graph causal mask and reshape targets folded away: no shape ops, no int64 left
+    names = {op.name for op in module.main.ops}
+    assert "mcp.gather" not in names and "mcp.concat" not in names
+    assert all(v.type.dtype.name != "i64" for op in module.main.ops for v in op.results)
+    assert norm_max_err(interpret(module, {"x": x})["y"], ort_run(model, {"x": x})["y"]) <= 1e-5
+
+
+def test_whole_input_shape_binding_teaches_dim_params():
+    model = decoder_block(hidden=32, heads=2)
+    module = import_onnx(model, shapes={"x": (1, 5, 32)})
+    assert module.main.args[0].type.shape == (1, 5, 32)
+    assert module.main.outputs[0].type.shape == (1, 5, 32)
+
+
+def test_unbound_dim_is_a_clear_error():
+    with pytest.raises(InputError) as e:
+        import_onnx(decoder_block(hidden=32, heads=2))
+    msg = str(e.value)
+    assert "input 'x' dim 1" in msg and "'seq'" in msg and "--dim seq=N" in msg and "--shape x=" in msg
+
+
+def test_binding_errors():
+    model = decoder_block(hidden=32, heads=2)
+    with pytest.raises(InputError, match=r"'ids', which is not an input \(inputs: \['x'\]\)"):
+        import_onnx(model, shapes={"ids": (1, 4)})
+    with pytest.raises(InputError, match="dim 0 is fixed to 1"):
+        import_onnx(model, shapes={"x": (2, 4, 32)})
+    with pytest.raises(InputError, match="rank 2"):
+        import_onnx(model, shapes={"x": (4, 32)})
+    with pytest.raises(InputError, match="'seq' is bound to both 8 and 4"):
+        import_onnx(model, shapes={"x": (1, 4, 32)}, dims={"seq": 8})
+
+
+def test_unsupported_nodes_are_all_listed():
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="ok"),
+        helper.make_node("NonZero", ["a"], ["nz"], name="nonzero_1"),
+        helper.make_node("TopK", ["a", "k"], ["v", "i"], name="topk_1"),
+        helper.make_node("FusedMatMul", ["a", "a"], ["fm"], name="ms_1", domain="com.microsoft"),
+        helper.make_node("Gelu", ["a"], ["g"], name="gelu_bad", approximate="erf"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [vi("x", [4, 4])],
+        [vi("nz", [2, "n"], TensorProto.INT64), vi("v", [4, 2]), vi("fm", [4, 4]), vi("g", [4, 4])],
+        [numpy_helper.from_array(np.array([2], np.int64), "k")],
+    )
+    opsets = [helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    with pytest.raises(UnsupportedError) as e:
+        import_onnx(model)
+    msg = str(e.value)
+    assert "node 'nonzero_1' (op_type NonZero, opset 20)" in msg
+    assert "node 'topk_1' (op_type TopK, opset 20)" in msg
+    assert "node 'ms_1' (op_type FusedMatMul, domain com.microsoft" in msg
+    assert "node 'gelu_bad' (op_type Gelu, opset 20): approximate='erf'" in msg
+    assert "'ok'" not in msg
+
+
+def test_layernorm_extra_outputs_unsupported():
+    node = helper.make_node("LayerNormalization", ["x", "g"], ["y", "mean"], name="ln")
+    model = make_model(
+        [node], [vi("x", [2, 4]), vi("g", [4])], [vi("y", [2, 4]), vi("mean", [2, 1])], opset=17
+    )
+    with pytest.raises(UnsupportedError, match="node 'ln'.*Mean/InvStdDev"):
+        import_onnx(model)
+
+
+def test_float64_input_and_old_opset_are_unsupported():
+    node = helper.make_node("Relu", ["x"], ["y"])
+    model = make_model([node], [vi("x", [2], TensorProto.DOUBLE)], [vi("y", [2], TensorProto.DOUBLE)])
+    with pytest.raises(UnsupportedError, match="input 'x'.*DOUBLE.*float32"):
+        import_onnx(model)
+    model = make_model([node], [vi("x", [2])], [vi("y", [2])], opset=11)
+    with pytest.raises(UnsupportedError, match="opset 11 is not supported"):
+        import_onnx(model)
+
+
+def test_float64_constants_become_f32(ort_run):
+    nodes = [
+        helper.make_node("Cast", ["w"], ["wf"], to=TensorProto.FLOAT),
+        helper.make_node("Add", ["x", "wf"], ["y"]),
+    ]
+    w = numpy_helper.from_array(np.array([0.1, 0.2], np.float64), "w")
+    model = make_model(nodes, [vi("x", [2])], [vi("y", [2])], [w])
+    x = _randn(2)
+    assert norm_max_err(interpret(import_onnx(model), {"x": x})["y"], ort_run(model, {"x": x})["y"]) <= 1e-7
+
+
+def test_truncated_and_missing_files(tmp_path):
+    path = tmp_path / "block.onnx"
+    onnx.save(encoder_block(hidden=32, heads=2, seq=4), path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(InputError, match="block.onnx"):
+        import_onnx(path)
+    with pytest.raises(InputError, match="no such ONNX file"):
+        import_onnx(tmp_path / "missing.onnx")
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"\x00\xff" * 100)
+    with pytest.raises(InputError, match="garbage.onnx"):
+        import_onnx(garbage)
+
+
+def test_checker_failure_is_input_error():
+    node = helper.make_node("Relu", ["x"], ["y"])
+    graph = helper.make_graph([node, node], "g", [vi("x", [2])], [vi("y", [2])])  # y defined twice
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(InputError, match="not a valid ONNX model"):
+        import_onnx(model)
+
+
+def test_int64_io_boundary(ort_run):
+    """int64 inputs/outputs stay i64 only at the function boundary, with casts right after/before."""
+    emb = numpy_helper.from_array(_randn(10, 4), "emb")
+    nodes = [
+        helper.make_node("Gather", ["emb", "ids"], ["e"], name="embed"),
+        helper.make_node("Add", ["ids", "one"], ["ids_next"], name="next_ids"),
+    ]
+    one = numpy_helper.from_array(np.array(1, np.int64), "one")
+    model = make_model(
+        nodes,
+        [vi("ids", [2, 3], TensorProto.INT64)],
+        [vi("e", [2, 3, 4]), vi("ids_next", [2, 3], TensorProto.INT64)],
+        [emb, one],
+    )
+    module = import_onnx(model)
+    func = module.main
+    assert func.args[0].type.dtype.name == "i64"
+    assert func.ops[0].name == "mcp.cast" and func.ops[0].result.type.dtype.name == "i32"
+    assert [v.type.dtype.name for v in func.outputs] == ["f32", "i64"]
+    inner = [v for op in func.ops[1:-2] for v in op.results]
+    assert all(v.type.dtype.name != "i64" for v in inner)
+    ids = np.array([[0, 9, 3], [1, 2, 8]], np.int64)
+    got, ref = interpret(module, {"ids": ids}), ort_run(model, {"ids": ids})
+    np.testing.assert_array_equal(got["ids_next"], ref["ids_next"])
+    assert got["ids_next"].dtype == np.int64
+    assert norm_max_err(got["e"], ref["e"]) == 0.0
+
+
+def test_outputs_that_are_inputs_or_constants(ort_run):
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu")]
+    c = numpy_helper.from_array(np.array([1.0, 2.0], np.float32), "c")
+    model = make_model(nodes, [vi("x", [2])], [vi("x", [2]), vi("r", [2]), vi("c", [2])], [c])
+    x = _randn(2)
+    module = import_onnx(model)
+    assert module.main.result_names == ["x", "r", "c"]
+    got, ref = interpret(module, {"x": x}), ort_run(model, {"x": x})
+    for name in ref:
+        np.testing.assert_array_equal(got[name], ref[name])
+
+
+def test_module_structure_and_text_round_trip(tmp_path):
+    path = tmp_path / "tiny_block.onnx"
+    onnx.save(encoder_block(hidden=32, heads=2, seq=4), path)
+    module = import_onnx(path)
+    assert module.name == "tiny_block" and list(module.functions) == ["main"]
+    locs = {op.loc for op in module.main.ops if op.name != "mcp.return"}
+    assert {"ln1", "softmax", "apply_mask", "q_proj.matmul"} <= locs
+    text = print_module(module)
+    assert print_module(parse_module(text)) == text
+
+
+def test_unnamed_nodes_get_op_type_index_locs():
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["y"])]
+    module = import_onnx(make_model(nodes, [vi("x", [2])], [vi("y", [2])]))
+    assert [op.loc for op in module.main.ops[:-1]] == ["Relu_0", "Neg_1"]
+
+
+def test_initializer_listed_as_input_is_a_constant():
+    w = numpy_helper.from_array(np.ones((2,), np.float32), "w")
+    model = make_model(
+        [helper.make_node("Add", ["x", "w"], ["y"])], [vi("x", [2]), vi("w", [2])], [vi("y", [2])], [w]
+    )
+    assert import_onnx(model).main.arg_names == ["x"]
+
+
+def test_external_data_is_loaded_relative_to_the_model(tmp_path, ort_run):
+    model = mlp(batch=2, d_in=32, d_hidden=64, d_out=16)
+    sub = tmp_path / "m"
+    sub.mkdir()
+    on_disk = onnx.ModelProto()
+    on_disk.CopyFrom(model)  # saving with external data rewrites the proto it is given
+    onnx.save(on_disk, sub / "mlp.onnx", save_as_external_data=True, location="mlp.bin", size_threshold=0)
+    assert (sub / "mlp.bin").exists()
+    module = import_onnx(sub / "mlp.onnx")
+    x = _randn(2, 32)
+    assert norm_max_err(interpret(module, {"x": x})["y"], ort_run(model, {"x": x})["y"]) <= 1e-5
+
+
+def test_shape_cross_check_reports_importer_bugs(monkeypatch):
+    """If ONNX's inferred shape disagrees with ours, the importer reports an internal error."""
+    model = make_model(
+        [helper.make_node("Relu", ["x"], ["y"], name="r")], [vi("x", [2, 3])], [vi("y", [2, 3])]
+    )
+    monkeypatch.setattr(onnx_import_module, "_onnx_shapes", lambda proto, bound: {"y": [3, 2]})
+    with pytest.raises(ImporterBug, match=r"node 'r'.*\[2, 3\].*\[3, 2\]") as e:
+        import_onnx(model)
+    assert e.value.exit_code == 70
+
+
+def test_build_examples(tmp_path, ort_run):
+    paths = build_examples(tmp_path)
+    names = sorted(p.name for p in paths)
+    assert names == sorted(
+        f"{m}.{ext}" for m in ("mlp", "encoder_block", "decoder_block") for ext in ("onnx", "npz")
+    )
+    assert not list(tmp_path.glob(".*tmp"))
+    for stem, kw in (("mlp", {}), ("encoder_block", {}), ("decoder_block", {"dims": {"seq": 32}})):
+        feeds = dict(np.load(tmp_path / f"{stem}.npz"))
+        model = onnx.load(tmp_path / f"{stem}.onnx")
+        got = interpret(import_onnx(tmp_path / f"{stem}.onnx", **kw), feeds)["y"]
+        assert norm_max_err(got, ort_run(model, feeds)["y"]) <= 1e-5
+    # deterministic for a seed
+    again = build_examples(tmp_path / "again")
+    assert (tmp_path / "again" / "encoder_block.onnx").read_bytes() == (
+        tmp_path / "encoder_block.onnx"
+    ).read_bytes()
+    assert len(again) == len(paths)
