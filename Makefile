@@ -5,8 +5,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.mcpc-installed
 OUT    ?= out
-# The bundled example compiled by `make demo` (written by `mcpc examples build`).
-DEMO_MODEL ?= $(OUT)/mlp.onnx
+# The bundled example compiled by `make demo` (`mcpc examples build` writes NAME.onnx + NAME.npz).
+DEMO   ?= mlp
 
 .PHONY: demo test test-all lint venv clean
 
@@ -21,14 +21,8 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/mcpc examples build $(OUT)
-	@if $(BIN)/mcpc sim --help >/dev/null 2>&1; then \
-		set -x; \
-		$(BIN)/mcp-compile -o $(OUT)/demo.mcpb $(DEMO_MODEL) && \
-		$(BIN)/mcpc sim run $(OUT)/demo.mcpb --random-inputs --seed 0; \
-	else \
-		echo "(the simulator is not part of this build yet: compiling to IR text)"; set -x; \
-		$(BIN)/mcp-compile --emit ir -o $(OUT)/demo.mcpir $(DEMO_MODEL); \
-	fi
+	$(BIN)/mcp-compile -o $(OUT)/$(DEMO).mcpb $(OUT)/$(DEMO).onnx
+	$(BIN)/mcpc sim run $(OUT)/$(DEMO).mcpb --inputs $(OUT)/$(DEMO).npz --outputs $(OUT)/$(DEMO).outputs.npz
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

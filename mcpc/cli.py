@@ -325,6 +325,10 @@ cli.add_command(compile_command)
 cli.add_command(targets_command)
 if _has_module("mcpc.examples"):
     cli.add_command(examples_group)
+if _has_module("mcpc.sim.cli"):
+    from mcpc.sim.cli import sim_group  # light: click only; the simulator loads inside `run`
+
+    cli.add_command(sim_group)
 
 
 def main() -> None:

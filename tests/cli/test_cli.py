@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
-from mcpc.passes import PRESETS, REGISTRY, load_all_passes, parse_pipeline
 from onnx import TensorProto, helper
 
 from mcpc import __version__
 from mcpc.cli import cli, compile_command
+from mcpc.passes import PRESETS, REGISTRY, load_all_passes, parse_pipeline
 
 
 def run(command, args, env=None):
@@ -212,3 +213,23 @@ def test_missing_output_directory_exits_3(tmp_path):
     model = _mlp(tmp_path)
     result = run(compile_command, [str(model), "--emit", "ir", "-o", str(tmp_path / "no" / "x.mcpir")])
     assert result.exit_code == 3 and "does not exist" in result.output
+
+
+def test_examples_build_writes_and_lists_models(tmp_path):
+    pytest.importorskip("mcpc.examples")
+    out = tmp_path / "new" / "dir"
+    result = run(cli, ["examples", "build", str(out)])
+    assert result.exit_code == 0, result.output
+    listed = [line for line in result.output.splitlines() if line]
+    assert listed and all(Path(p).is_file() and Path(p).parent == out for p in listed)
+    assert any(p.endswith(".onnx") for p in listed)
+    onnx.checker.check_model(onnx.load(next(p for p in listed if p.endswith(".onnx"))))
+
+
+def test_subcommands_listed_only_when_their_layer_exists():
+    import importlib.util
+
+    result = run(cli, ["--help"])
+    for command, module in (("examples", "mcpc.examples"), ("sim", "mcpc.sim.cli")):
+        present = importlib.util.find_spec(module) is not None
+        assert (f"  {command} " in result.output) == present
