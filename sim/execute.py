@@ -22,6 +22,7 @@ import numpy as np
 from mcpc.arch.isa import Instr
 from mcpc.arch.numerics import NUMPY_DTYPES, binary, cast, matmul_tile, row_reduce, select, unary
 
+from .decode import Decoded
 from .machine import Fault, Machine, dram_rows, sram_extent, view
 
 Handler = Callable[[Machine, tuple], None]
@@ -140,7 +141,7 @@ class _Bounds:
         return (addr, rows, cols, row_step, col_step, dt)
 
 
-def _compile_dma(i: Instr, b: _Bounds) -> tuple[Handler, tuple]:
+def _compile_dma(i: Instr | Decoded, b: _Bounds) -> tuple[Handler, tuple]:
     if i.op == "gather":
         b.raw("index", i.sram_idx, i.count, 1, 4, 4, _I32)
         b.raw("destination", i.sram, i.count, i.row_bytes, i.sram_stride, 1, _U8)
@@ -155,7 +156,7 @@ def _compile_dma(i: Instr, b: _Bounds) -> tuple[Handler, tuple]:
     return (_load if i.op == "load" else _store), args
 
 
-def _compile_compute(i: Instr, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
+def _compile_compute(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
     op = i.op
     if op == "matmul":
         if i.in_dtype not in target.mac.macs_per_cycle:
@@ -209,7 +210,7 @@ def _compile_compute(i: Instr, b: _Bounds, target: Any) -> tuple[Handler, tuple]
     raise Fault(f"illegal instruction: no handler for {op}")
 
 
-def compile_instr(instr: Instr, target: Any) -> tuple[Handler, tuple, int]:
+def compile_instr(instr: Instr | Decoded, target: Any) -> tuple[Handler, tuple, int]:
     """``(handler, args, sram_hi)`` for one instruction; a static fault becomes a trapping handler.
 
     ``sram_hi`` is one past the highest SRAM byte the instruction touches (0 if none or if it traps).

@@ -22,6 +22,7 @@ from mcpc.arch.mcpb import Program, read_mcpb
 from mcpc.arch.target import Target
 from mcpc.errors import InputError, McpcError
 
+from .decode import fast_decode
 from .execute import compile_instr, illegal
 from .timing import instr_cost
 
@@ -36,16 +37,15 @@ def _mask(mask: int) -> tuple[int, ...]:
 class LoadedProgram:
     """A verified, decoded program ready to run any number of times.
 
-    ``instrs[i]`` is the decoded Instr (None for a word that does not decode); ``recs[i]`` its
-    event-loop record; ``node_of[i]`` the index into ``nodes`` (``(onnx_node, op_type)``) and
-    ``ir_op_of[i]`` the index into ``ir_ops``; ``engine_of[i]`` its engine; the ``busy``, ``tail``,
-    ``macs``, ``dram_read``, ``dram_write`` and ``sram_hi`` arrays are static per-instruction counters.
+    ``recs[i]`` is instruction i's event-loop record (``instr(i)`` decodes it again, for display);
+    ``node_of[i]`` indexes ``nodes`` (``(onnx_node, op_type)``), ``ir_op_of[i]`` indexes ``ir_ops``,
+    ``engine_of[i]`` is its engine; ``busy``, ``tail``, ``macs``, ``dram_read``, ``dram_write`` and
+    ``sram_hi`` are static per-instruction counters.
     """
 
     source: str
     program: Program
     target: Target
-    instrs: list[Instr | None]
     recs: list[tuple]
     mnemonics: list[str]
     busy: np.ndarray
@@ -83,6 +83,10 @@ class LoadedProgram:
     def dram_size(self) -> int:
         return int(self.program.memory_map["dram_size"])
 
+    def instr(self, idx: int) -> Instr:
+        """The decoded instruction at ``idx`` (InputError for a word that does not decode)."""
+        return decode(self.program.text[idx * INSTR_BYTES : (idx + 1) * INSTR_BYTES], idx)
+
     def describe(self, idx: int) -> str:
         """``instruction 12 (0x180) matmul, node /attn/MatMul (mcp.matmul)`` for messages."""
         node, op_type = self.nodes[int(self.node_of[idx])]
@@ -111,7 +115,6 @@ def from_program(program: Program, source: str = "<program>") -> LoadedProgram:
     debug = program.debug if isinstance(program.debug, list) else []
     node_index: dict[tuple[str, str], int] = {}
     ir_index: dict[str, int] = {}
-    instrs: list[Instr | None] = []
     recs, mnemonics, mac_dtype = [], [], []
     cols = np.zeros((8, n), dtype=np.int64)  # busy, tail, macs, rd, wr, sram_hi, node, engine
     ir_of = np.zeros(n, dtype=np.int64)
@@ -122,9 +125,8 @@ def from_program(program: Program, source: str = "<program>") -> LoadedProgram:
         ir_of[idx] = ir_index.setdefault(str(info.get("ir_op") or ""), len(ir_index))
         word = text[idx * INSTR_BYTES : (idx + 1) * INSTR_BYTES]
         try:
-            instr = decode(word)
+            instr = fast_decode(word)
         except InputError as exc:  # the message then starts with "instruction word: "
-            instrs.append(None)
             mnemonics.append(f"illegal(opcode {word[0]})")
             mac_dtype.append(None)
             reason = exc.message.split(": ", 1)[-1]
@@ -134,7 +136,6 @@ def from_program(program: Program, source: str = "<program>") -> LoadedProgram:
             continue
         cost = instr_cost(instr, target)
         fn, args, hi = compile_instr(instr, target)
-        instrs.append(instr)
         mnemonics.append(instr.op)
         mac_dtype.append(instr.in_dtype if instr.op == "matmul" else None)
         dma = instr.op in ("load", "store", "gather")
@@ -147,7 +148,6 @@ def from_program(program: Program, source: str = "<program>") -> LoadedProgram:
         source=source,
         program=program,
         target=target,
-        instrs=instrs,
         recs=recs,
         mnemonics=mnemonics,
         busy=cols[0],

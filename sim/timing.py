@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 from mcpc.arch.isa import SFU_FUNCS, Instr
 
+from .decode import Decoded
 from .machine import Fault, Machine
 
 _TRANSPOSE_LANES = {1: "u8", 2: "f16", 4: "f32", 8: "i64"}
@@ -43,7 +44,7 @@ class Cost(NamedTuple):
     dram_write: int
 
 
-def instr_cost(i: Instr, target: Any) -> Cost:
+def instr_cost(i: Instr | Decoded, target: Any) -> Cost:
     """Cycles and traffic of one instruction on ``target`` (see the module docstring)."""
     op = i.op
     if op in DMA_OPS:
