@@ -87,3 +87,23 @@ def roundtrip(program: Program, tmp_path) -> Program:
     path = tmp_path / "p.mcpb"
     write_mcpb(path, program)
     return read_mcpb(path)
+
+
+# A small shared program: y = exp(x + x) as f16, through LD -> EX -> ST with tokens.
+ADD = """
+load dram={x} sram=0x0 rows=4 row_bytes=32 dram_stride=32 sram_stride=32 signal=EX
+vbin func=add in_dtype=f32 out_dtype=f32 dst=0x100 src0=0x0 src1=0x0 rows=4 cols=8 dst_stride=8 s0_stride=8 s1_stride=8 wait=LD
+vun func=exp in_dtype=f32 out_dtype=f16 dst=0x200 src=0x100 rows=4 cols=8 dst_stride=8 src_stride=8 signal=ST
+store dram={y} sram=0x200 rows=4 row_bytes=16 dram_stride=16 sram_stride=16 wait=EX
+halt
+"""  # noqa: E501
+IO = {"inputs": {"x": ("f32", (4, 8))}, "outputs": {"y": ("f16", (4, 8))}}
+
+
+def add_program(**kw):
+    _, addrs = build("halt", **IO)  # same layout: learn the binding addresses first
+    return build(ADD.format(x=addrs["x"], y=addrs["y"]), **IO, **kw)[0]
+
+
+def x_input():
+    return {"x": np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)}

@@ -7,30 +7,12 @@ import sys
 
 import numpy as np
 import pytest
-from simprog import build, loaded
+from simprog import add_program, build, loaded, x_input
 
 from mcpc.arch.isa import INSTR_BYTES, ISA
 from mcpc.arch.mcpb import write_mcpb
 from mcpc.errors import InputError, SimTrap
 from mcpc.sim.api import load_program, random_inputs, run_program
-
-ADD = """
-load dram={x} sram=0x0 rows=4 row_bytes=32 dram_stride=32 sram_stride=32 signal=EX
-vbin func=add in_dtype=f32 out_dtype=f32 dst=0x100 src0=0x0 src1=0x0 rows=4 cols=8 dst_stride=8 s0_stride=8 s1_stride=8 wait=LD
-vun func=exp in_dtype=f32 out_dtype=f16 dst=0x200 src=0x100 rows=4 cols=8 dst_stride=8 src_stride=8 signal=ST
-store dram={y} sram=0x200 rows=4 row_bytes=16 dram_stride=16 sram_stride=16 wait=EX
-halt
-"""  # noqa: E501
-IO = {"inputs": {"x": ("f32", (4, 8))}, "outputs": {"y": ("f16", (4, 8))}}
-
-
-def add_program(**kw):
-    _, addrs = build("halt", **IO)  # same layout: learn the binding addresses first
-    return build(ADD.format(x=addrs["x"], y=addrs["y"]), **IO, **kw)[0]
-
-
-def x_input():
-    return {"x": np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)}
 
 
 def test_program_runs_and_matches_numpy():
