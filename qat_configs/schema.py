@@ -25,8 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from mcpc.passes.manager import parse_pipeline
-from mcpc.passes.presets import PRESETS, resolve_pipeline
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -38,6 +36,8 @@ from pydantic import (
 )
 
 from mcpc.errors import ConfigError, UsageError
+from mcpc.passes.manager import parse_pipeline
+from mcpc.passes.presets import PRESETS, resolve_pipeline
 
 SUPPORTED_SCHEMAS = (1,)
 

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from mcpc.passes import PRESETS, REGISTRY, load_all_passes, parse_pipeline
 
 from mcpc import __version__
+from mcpc.passes import PRESETS, REGISTRY, load_all_passes, parse_pipeline
 
 BIN = Path(sys.executable).parent
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from mcpc.passes import PRESETS, parse_pipeline
-from mcpc.qat_configs import DTYPE_NAMES, load_config, parse_config, shipped_configs
 
 from mcpc.errors import ConfigError
+from mcpc.passes import PRESETS, parse_pipeline
+from mcpc.qat_configs import DTYPE_NAMES, load_config, parse_config, shipped_configs
 
 VALID = """\
 schema: 1

@@ -10,6 +10,8 @@ from typing import ClassVar
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
+from mcpc.errors import McpcError, UsageError, VerifyError
 from mcpc.passes import (
     PRESETS,
     REGISTRY,
@@ -21,8 +23,6 @@ from mcpc.passes import (
     load_all_passes,
     parse_pipeline,
 )
-
-from mcpc.errors import McpcError, UsageError, VerifyError
 
 registry = PassRegistry()
 
