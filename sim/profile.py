@@ -54,7 +54,7 @@ def build_profile(p: LoadedProgram, entry: str, order: range, issue: list, done:
         "peak_dram_bytes_per_cycle": t.dram_bytes_per_cycle,
         "dram_bound_cycles": dram_cycles,
         "dram_utilization": dram_cycles / cycles if cycles else 0.0,
-        "bound": "compute" if compute_cycles >= dram_cycles else "memory",
+        "bound": _bound(compute_cycles, dram_cycles, cycles),
     }
     return {
         "target": t.name,
@@ -76,6 +76,15 @@ def build_profile(p: LoadedProgram, entry: str, order: range, issue: list, done:
         "nodes": _nodes(p, sl, iss, don, busy),
         "ir_ops": _ir_ops(p, sl, busy),
     }
+
+
+def _bound(compute_cycles: float, dram_cycles: float, cycles: int) -> str:
+    """Which roof limits the run: ``compute``, ``memory``, or ``latency`` when the run takes more
+    than twice the larger roof (DMA latency, dependencies and fill/drain dominate)."""
+    roof = max(compute_cycles, dram_cycles)
+    if cycles and roof * 2 < cycles:
+        return "latency"
+    return "compute" if compute_cycles >= dram_cycles else "memory"
 
 
 def _nodes(p: LoadedProgram, sl: slice, iss: np.ndarray, don: np.ndarray, busy: np.ndarray) -> list[dict]:
