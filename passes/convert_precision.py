@@ -13,8 +13,9 @@ interface (argument and result types unchanged) in which:
   layer_norm / reductions compute in f32 internally and round once to ``dtype`` — the
   interpreter's semantics of each op, nothing approximated here;
 * an op that does not accept the converted operand types (its ``infer_types`` refuses them, or it
-  would not produce ``dtype`` where it produced f32) is left exactly as it was, in f32, with casts
-  back to f32 inserted for its operands.  Integer and bool tensors are never touched.
+  would not produce ``dtype`` where it produced f32) is left exactly as it was, in f32: an island
+  with casts to f32 before it and casts of its f32 results to ``dtype`` after it, so everything
+  downstream stays in ``dtype``.  Integer and bool tensors are never touched.
 """
 
 from __future__ import annotations
@@ -73,12 +74,15 @@ def convert_function(func: Function, target: DType) -> None:
             new_ops.append(op)
             continue
         new = _rebuilt(op, operands, target)
-        if new is None:  # keep it in f32: operands back to what it had
+        if new is None:  # an f32 island: operands back to what it had, f32 results on to ``target``
             op.operands = [
                 n if n.type.dtype == o.type.dtype else cast(n, o.type.dtype, op.loc)
                 for n, o in zip(operands, op.operands, strict=True)
             ]
             new_ops.append(op)
+            for r in op.results:
+                if r.type.dtype == F32:
+                    vmap[id(r)] = cast(r, target, op.loc)
         elif isinstance(new, CastOp) and new.operands[0].type == new.result.type:
             vmap[id(op.result)] = new.operands[0]  # a cast that became a no-op
         else:
@@ -88,8 +92,9 @@ def convert_function(func: Function, target: DType) -> None:
 
 def _rebuilt(op: Operation, operands: list[Value], target: DType) -> Operation | None:
     """``op`` on ``operands`` with f32 dtype attributes → ``target``; None when that is not valid."""
-    if all(n is o for n, o in zip(operands, op.operands, strict=True)) and not _has_f32_attr(op):
-        return None if any(r.type.dtype == F32 for r in op.results) else op
+    unchanged = all(n is o for n, o in zip(operands, op.operands, strict=True))
+    if unchanged and not _has_f32_attr(op) and all(r.type.dtype != F32 for r in op.results):
+        return op  # no float involved (integer and bool ops)
     attrs = {k: (target if isinstance(v, DType) and v == F32 else v) for k, v in op.attrs.items()}
     try:
         new = type(op)(operands, attrs, loc=op.loc)

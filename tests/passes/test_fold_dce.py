@@ -1,0 +1,143 @@
+"""fold-constants and dce: golden IR (input text → expected text), the size budget, constant
+dedupe, the i64 boundary rule, and semantics preserved on the example blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import norm_max_err
+
+from mcpc.errors import UsageError
+from mcpc.examples import causal_mask, decoder_block, encoder_block
+from mcpc.ir import parse_module, print_module
+from mcpc.ir.interpreter import interpret
+from mcpc.ir.onnx_import import import_onnx
+from mcpc.passes import PassContext, PassManager, build_pipeline, load_all_passes
+
+load_all_passes()
+
+
+def run(text: str, pipeline: str) -> str:
+    module = PassManager(build_pipeline(pipeline)).run(parse_module(text), PassContext())
+    return print_module(module)
+
+
+def golden(body: str, args: str = "%x: tensor<2xf32>", results: str = '"y": tensor<2xf32>') -> str:
+    lines = "\n".join("    " + line.strip() for line in body.strip().splitlines())
+    return f"module @m {{\n  func @main({args}) -> ({results}) {{\n{lines}\n  }}\n}}\n"
+
+
+FOLDABLE = golden(
+    """
+    %0 = mcp.constant {value = dense<[1.0, 2.0]> : tensor<2xf32>} : () -> tensor<2xf32>
+    %1 = mcp.constant {value = dense<[3.0, 4.0]> : tensor<2xf32>} : () -> tensor<2xf32>
+    %2 = mcp.mul %0, %1 : (tensor<2xf32>, tensor<2xf32>) -> tensor<2xf32> loc("mul_node")
+    %3 = mcp.neg %2 : (tensor<2xf32>) -> tensor<2xf32>
+    %4 = mcp.add %x, %3 : (tensor<2xf32>, tensor<2xf32>) -> tensor<2xf32>
+    %5 = mcp.constant {value = dense<[1.0, 2.0]> : tensor<2xf32>} : () -> tensor<2xf32>
+    %6 = mcp.sub %4, %5 : (tensor<2xf32>, tensor<2xf32>) -> tensor<2xf32>
+    mcp.return %6 : (tensor<2xf32>) -> ()
+    """
+)
+
+
+def test_fold_then_dce_golden():
+    expected = golden(
+        """
+        %0 = mcp.constant {value = dense<[1.0, 2.0]> : tensor<2xf32>} : () -> tensor<2xf32>
+        %1 = mcp.constant {value = dense<[-3.0, -8.0]> : tensor<2xf32>} : () -> tensor<2xf32>
+        %2 = mcp.add %x, %1 : (tensor<2xf32>, tensor<2xf32>) -> tensor<2xf32>
+        %3 = mcp.sub %2, %0 : (tensor<2xf32>, tensor<2xf32>) -> tensor<2xf32>
+        mcp.return %3 : (tensor<2xf32>) -> ()
+        """
+    )
+    assert run(FOLDABLE, "fold-constants,dce") == expected
+
+
+def test_fold_alone_leaves_dead_constants_and_dce_alone_folds_nothing():
+    folded = run(FOLDABLE, "fold-constants")
+    assert "mcp.mul" not in folded and "mcp.neg" not in folded
+    assert folded.count("mcp.constant") == 4  # 1, 3 (now dead), mul's and neg's results; the dup is merged
+    assert run(FOLDABLE, "dce") == FOLDABLE  # nothing is dead before folding
+
+
+def test_dce_removes_dead_chains_keeps_interface():
+    text = golden(
+        """
+        %0 = mcp.exp %x : (tensor<2xf32>) -> tensor<2xf32>
+        %1 = mcp.neg %0 : (tensor<2xf32>) -> tensor<2xf32>
+        %2 = mcp.relu %x : (tensor<2xf32>) -> tensor<2xf32>
+        mcp.return %2 : (tensor<2xf32>) -> ()
+        """,
+        args="%x: tensor<2xf32>, %unused: tensor<3xf32>",
+    )
+    out = run(text, "dce")
+    assert "mcp.exp" not in out and "mcp.neg" not in out and "mcp.relu" in out
+    assert "%unused: tensor<3xf32>" in out
+
+
+def test_budget_keeps_large_broadcast_but_folds_same_size_transpose():
+    text = golden(
+        """
+        %0 = mcp.constant {value = dense<[1.0]> : tensor<1xf32>} : () -> tensor<1xf32>
+        %1 = mcp.broadcast %0 {shape = [64, 64]} : (tensor<1xf32>) -> tensor<64x64xf32>
+        %2 = mcp.transpose %1 {perm = [1, 0]} : (tensor<64x64xf32>) -> tensor<64x64xf32>
+        mcp.return %2 : (tensor<64x64xf32>) -> ()
+        """,
+        args="",
+        results='"y": tensor<64x64xf32>',
+    )
+    small = run(text, "fold-constants{max-elements=100},dce")
+    assert "mcp.broadcast" in small and "mcp.transpose" in small  # transpose input is not constant
+    big = run(text, "fold-constants{max-elements=4096},dce")
+    assert "mcp.broadcast" not in big and "mcp.transpose" not in big
+    # a transpose of a constant never grows storage: folded whatever the budget
+    w = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
+    text_w = text.replace(
+        "%1 = mcp.broadcast %0 {shape = [64, 64]} : (tensor<1xf32>) -> tensor<64x64xf32>",
+        f'%1 = mcp.constant {{value = dense<"0x{w.tobytes().hex().upper()}"> : tensor<64x64xf32>}} '
+        ": () -> tensor<64x64xf32>",
+    )
+    folded = parse_module(run(text_w, "fold-constants{max-elements=0},dce"))
+    (const,) = [op for op in folded.main.ops if op.name == "mcp.constant"]
+    np.testing.assert_array_equal(const.value, w.T)
+
+
+def test_i64_boundary_cast_is_not_folded():
+    text = golden(
+        """
+        %0 = mcp.constant {value = dense<[1, 2]> : tensor<2xi32>} : () -> tensor<2xi32>
+        %1 = mcp.cast %0 {to = i64} : (tensor<2xi32>) -> tensor<2xi64>
+        mcp.return %1 : (tensor<2xi64>) -> ()
+        """,
+        args="",
+        results='"y": tensor<2xi64>',
+    )
+    assert run(text, "fold-constants,dce") == text
+
+
+def test_fold_is_stable():
+    once = run(FOLDABLE, "fold-constants,dce")
+    assert run(once, "fold-constants,dce") == once
+
+
+def test_negative_budget_is_a_usage_error():
+    with pytest.raises(UsageError, match="max-elements"):
+        build_pipeline("fold-constants{max-elements=-1}")
+
+
+@pytest.mark.parametrize("pipeline", ["fold-constants,dce", "fold-constants{max-elements=16},dce"])
+def test_passes_preserve_example_semantics(pipeline):
+    enc = import_onnx(encoder_block(hidden=64, heads=2, seq=8))
+    feeds = {
+        "x": np.random.default_rng(0).standard_normal((1, 8, 64)).astype(np.float32),
+        "mask": causal_mask(8),
+    }
+    before = interpret(enc, feeds)["y"]
+    after = interpret(PassManager(build_pipeline(pipeline)).run(enc), feeds)["y"]
+    np.testing.assert_array_equal(after, before)  # folding uses the interpreter's own semantics
+    dec = import_onnx(decoder_block(hidden=32, heads=2), dims={"seq": 6})
+    x = np.random.default_rng(1).standard_normal((1, 6, 32)).astype(np.float32)
+    ref = interpret(dec, {"x": x})["y"]
+    out = PassManager(build_pipeline(pipeline)).run(dec)
+    assert norm_max_err(interpret(out, {"x": x})["y"], ref) == 0.0
