@@ -14,8 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from mcpc.errors import PassError
+import numpy as np
+
+from mcpc.errors import PassError, UnsupportedError
+from mcpc.ir.ops import ConstantOp, ReshapeOp
+
+# Ops whose result is a view of their operand's DRAM bytes: planned as aliases, lowered to nothing.
+ALIAS_OPS = (ReshapeOp,)
 
 
 def align_up(n: int, align: int) -> int:
@@ -104,3 +111,162 @@ def rows_that_fit(
         else:
             hi = mid - 1
     return lo
+
+
+# -- DRAM --------------------------------------------------------------------------------------------
+DRAM_ALIGN = 64
+
+
+def assign_offsets(buffers: Sequence[tuple[int, int, int]], align: int = DRAM_ALIGN) -> tuple[list[int], int]:
+    """Offsets for buffers ``(first, last, nbytes)`` live over op indices [first, last] (inclusive).
+
+    Greedy best fit in order of ``first`` (ties: input order): a buffer takes the smallest free gap
+    between buffers still live at its ``first`` that holds it, else goes on top.  Guarantees: two
+    buffers whose intervals intersect never overlap in memory; offsets are multiples of ``align``.
+    Returns (offsets in input order, total bytes).
+    """
+    order = sorted(range(len(buffers)), key=lambda i: (buffers[i][0], i))
+    offsets = [0] * len(buffers)
+    live: list[tuple[int, int, int]] = []  # (offset, size, last) sorted by offset
+    total = 0
+    for i in order:
+        first, last, nbytes = buffers[i]
+        size = align_up(max(int(nbytes), 1), align)
+        live = [b for b in live if b[2] >= first]  # a buffer used by op `first` is still live there
+        best, best_gap, cursor = None, None, 0
+        for off, sz, _ in live:
+            gap = off - cursor
+            if gap >= size and (best_gap is None or gap < best_gap):
+                best, best_gap = cursor, gap
+            cursor = max(cursor, off + sz)
+        offset = best if best is not None else cursor
+        offsets[i] = offset
+        live.append((offset, size, last))
+        live.sort()
+        total = max(total, offset + size)
+    return offsets, total
+
+
+@dataclass
+class DramPlan:
+    """Where every IR value lives in DRAM, and the CNST blob.
+
+    ``placements`` maps each value (function args, op results, constants) to its byte address;
+    ``constants`` maps constant values (and reshapes of them) to their arrays; ``cnst`` is the
+    packed CNST section (placed at DRAM address 0); ``regions`` the MMAP regions; ``buffers``
+    one record per planned buffer (for the compile report); ``size`` the DRAM bytes used.
+    """
+
+    placements: dict = field(default_factory=dict)
+    constants: dict = field(default_factory=dict)
+    cnst: bytes = b""
+    regions: list[dict] = field(default_factory=list)
+    buffers: list[dict] = field(default_factory=list)
+    size: int = 0
+
+
+def plan_dram(module: Any) -> DramPlan:
+    """Plan DRAM for every function of ``module`` (a verified IR module).
+
+    Layout: the CNST blob at address 0 (each constant 64-byte aligned, module order), then per
+    function (in module order): one region per input, one per output, then a scratch region where
+    intermediates share space by liveness (``assign_offsets``).  ``mcp.reshape`` results alias
+    their operand (no copy); an output that aliases an input or a constant is bound to its bytes.
+    Raises UnsupportedError for tensors of sub-byte dtypes (packed int4 needs the quantized
+    lowerings, not in this backend yet).
+    """
+    plan = DramPlan()
+    blob = bytearray()
+    for fn in module.functions.values():
+        for op in fn.ops:
+            if isinstance(op, ConstantOp):
+                _check_storable(op.result, op.describe())
+                arr = np.ascontiguousarray(op.value)
+                blob.extend(bytes(align_up(len(blob), DRAM_ALIGN) - len(blob)))
+                plan.placements[op.result] = len(blob)
+                plan.constants[op.result] = arr
+                plan.buffers.append(
+                    _record(f"{fn.name}:{op.loc or 'constant'}", "const", len(blob), arr.nbytes)
+                )
+                blob.extend(arr.tobytes())
+    blob.extend(bytes(align_up(len(blob), DRAM_ALIGN) - len(blob)))
+    plan.cnst = bytes(blob)
+    if blob:
+        plan.regions.append({"name": "constants", "kind": "const", "dram": 0, "bytes": len(blob)})
+    cursor = len(blob)
+    for fn in module.functions.values():
+        cursor = _plan_function(fn, plan, cursor)
+    plan.size = align_up(cursor, DRAM_ALIGN)
+    return plan
+
+
+def _plan_function(fn: Any, plan: DramPlan, cursor: int) -> int:
+    root: dict = {}  # value -> the value owning its bytes
+    for arg in fn.args:
+        _check_storable(arg, f"func @{fn.name} input '{arg.name}'")
+        root[arg] = arg
+        plan.placements[arg] = cursor
+        plan.regions.append(
+            {"name": f"{fn.name}:{arg.name}", "kind": "input", "dram": cursor, "bytes": arg.type.nbytes}
+        )
+        plan.buffers.append(_record(f"{fn.name}:{arg.name}", "input", cursor, arg.type.nbytes))
+        cursor = align_up(cursor + arg.type.nbytes, DRAM_ALIGN)
+    first: dict = {}
+    last: dict = {}
+    for idx, op in enumerate(fn.ops):
+        for v in op.operands:
+            r = root.get(v, v)
+            last[r] = max(last.get(r, idx), idx)
+        if isinstance(op, ALIAS_OPS):
+            src = op.operands[0]
+            root[op.result] = root.get(src, src)
+            if src in plan.constants:
+                plan.constants[op.result] = plan.constants[src].reshape(op.result.type.shape)
+            continue
+        for r in op.results:
+            root[r] = r
+            if r not in plan.placements:  # constants are placed already
+                _check_storable(r, op.describe())
+                first[r] = idx
+    outputs = [root.get(v, v) for v in fn.outputs]
+    for name, v in zip(fn.result_names, outputs, strict=True):
+        if v in first and v not in plan.placements:
+            plan.placements[v] = cursor
+            plan.regions.append(
+                {"name": f"{fn.name}:{name}", "kind": "output", "dram": cursor, "bytes": v.type.nbytes}
+            )
+            plan.buffers.append(_record(f"{fn.name}:{name}", "output", cursor, v.type.nbytes))
+            cursor = align_up(cursor + v.type.nbytes, DRAM_ALIGN)
+    scratch = [v for v in first if v not in plan.placements]
+    offsets, total = assign_offsets([(first[v], last.get(v, first[v]), v.type.nbytes) for v in scratch])
+    for v, off in zip(scratch, offsets, strict=True):
+        plan.placements[v] = cursor + off
+        owner = v.owner
+        name = f"{fn.name}:{owner.loc or owner.name}#{v.index}"
+        plan.buffers.append(
+            _record(name, "scratch", cursor + off, v.type.nbytes, first[v], last.get(v, first[v]))
+        )
+    if total:
+        plan.regions.append({"name": f"{fn.name}:scratch", "kind": "scratch", "dram": cursor, "bytes": total})
+    cursor = align_up(cursor + total, DRAM_ALIGN)
+    for v, r in root.items():  # aliases share their root's bytes
+        if v is not r:
+            plan.placements[v] = plan.placements[r]
+    return cursor
+
+
+def _record(
+    name: str, kind: str, dram: int, nbytes: int, first: int | None = None, last: int | None = None
+) -> dict:
+    rec = {"name": name, "kind": kind, "dram": dram, "bytes": int(nbytes)}
+    if first is not None:
+        rec["live"] = [first, last]
+    return rec
+
+
+def _check_storable(value: Any, what: str) -> None:
+    if value.type.dtype.bits < 8:
+        raise UnsupportedError(
+            f"{what}: {value.type} has a sub-byte dtype; packed 4-bit tensors in DRAM need the "
+            "quantized lowerings, which this backend does not have yet"
+        )

@@ -1,0 +1,207 @@
+"""The backend entry point: a verified IR module -> an ``arch.mcpb.Program`` for one target.
+
+``compile_to_program`` checks that every op has a lowering, plans DRAM, lowers each op of each
+function in program order into kernels, schedules them (token bits), ends each entry point with
+``halt`` and fills every section of the container.  It is deterministic: the same module and
+options give the same Program, hence a byte-identical ``.mcpb``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from importlib import metadata
+from typing import Any
+
+from mcpc.arch.isa import INSTR_BYTES, Instr, encode_program
+from mcpc.arch.mcpb import Program
+from mcpc.backend.emitter import NO_NODE, Emitter
+from mcpc.backend.lowering import LoweringContext, load_lowerings, lowering_for
+from mcpc.backend.memory import ALIAS_OPS, plan_dram
+from mcpc.backend.schedule import Kernel, schedule_with_debug
+from mcpc.errors import PassError, UnsupportedError
+from mcpc.ir.ops import ConstantOp, ReturnOp
+
+# Default check tolerances per build precision (``mcpc check`` reads them from META).
+TOLERANCES: dict[str, dict[str, float]] = {
+    "fp32": {"rtol": 1e-4, "atol": 1e-5},
+    "fp16": {"rtol": 2e-2, "atol": 1e-2},
+}
+# ONNX TensorProto element types of our dtypes (kept here so the backend never imports onnx).
+ONNX_DTYPES: dict[str, int] = {
+    "f32": 1, "u8": 2, "i8": 3, "i32": 6, "i64": 7, "i1": 9, "f16": 10, "bf16": 16,
+    "f8e4m3fn": 17, "u4": 21, "i4": 22,
+}  # fmt: skip
+_NO_CODE = (ConstantOp, ReturnOp, *ALIAS_OPS)
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """Backend settings.  ``double_buffer``: two SRAM slots per kernel input/output so loads
+    overlap compute (False: one slot, for comparison).  ``precision`` / ``rtol`` / ``atol``
+    override what META records (default: ``module.attrs["precision"]`` and its tolerances);
+    ``passes`` and ``source_model`` are recorded in META as given."""
+
+    double_buffer: bool = True
+    precision: str | None = None
+    rtol: float | None = None
+    atol: float | None = None
+    passes: tuple[str, ...] = ()
+    source_model: str | None = None
+
+    @classmethod
+    def coerce(cls, options: BackendOptions | Mapping[str, Any] | None) -> BackendOptions:
+        """Options from a BackendOptions, None, or a mapping of the driver's keys: the field names
+        plus ``tolerances: {rtol, atol}`` (other keys, e.g. ``qat_config``, are ignored)."""
+        if options is None:
+            return cls()
+        if isinstance(options, cls):
+            return options
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in options.items() if k in known and v is not None}
+        tol = options.get("tolerances") or {}
+        kw.setdefault("rtol", tol.get("rtol"))
+        kw.setdefault("atol", tol.get("atol"))
+        if "passes" in kw:
+            kw["passes"] = tuple(kw["passes"])
+        return cls(**kw)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("mcpc")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "0+unknown"
+
+
+def check_lowerable(module: Any) -> None:
+    """UnsupportedError naming the first op (and its ONNX node) that has no lowering."""
+    load_lowerings()
+    for fn in module.functions.values():
+        for op in fn.ops:
+            if not isinstance(op, _NO_CODE) and lowering_for(op) is None:
+                raise UnsupportedError(
+                    f"backend: {op.describe()} in func @{fn.name} has no lowering for the MCP 2026 "
+                    "ISA in this version"
+                )
+
+
+def compile_to_program(
+    module: Any, target: Any, options: BackendOptions | Mapping[str, Any] | None = None
+) -> Program:
+    """Compile a verified IR ``module`` for ``target`` into a Program (one entry per function).
+
+    Assumes the module verifies and its matmuls carry the ``tile`` the interpreter follows (the
+    ``tile-matmul`` pass sets it; ``[]`` means whole dims, which must then fit SRAM).  Raises
+    UnsupportedError for an op without lowering, PassError naming the op when a kernel cannot
+    fit SRAM or a field overflows its encoding.
+    """
+    opts = BackendOptions.coerce(options)
+    module.verify()
+    check_lowerable(module)
+    plan = plan_dram(module)
+    if plan.size > target.dram.size_bytes:
+        raise PassError(
+            f"backend: the program needs {plan.size} bytes of DRAM, target {target.name} has "
+            f"{target.dram.size_bytes}"
+        )
+    em = Emitter(target)
+    ctx = LoweringContext(target, em, opts.double_buffer, plan.placements, plan.constants)
+    text: list[Instr] = []
+    debug: list[dict] = []
+    entries, io = [], {}
+    for fn in module.functions.values():
+        kernels = _lower_function(fn, ctx)
+        instrs, dbg = schedule_with_debug(kernels)
+        instrs.append(Instr("halt", {}))
+        dbg.append(None)
+        entries.append({"name": fn.name, "start": len(text), "count": len(instrs)})
+        text.extend(instrs)
+        debug.extend(dict(d) if d is not None else dict(NO_NODE) for d in dbg)
+        io[fn.name] = {
+            "inputs": [_binding(a.name, a, plan) for a in fn.args],
+            "outputs": [_binding(n, v, plan) for n, v in zip(fn.result_names, fn.outputs, strict=True)],
+        }
+    precision = opts.precision or str(module.attrs.get("precision", "fp32"))
+    tol = dict(TOLERANCES.get(precision, TOLERANCES["fp32"]))
+    if opts.rtol is not None:
+        tol["rtol"] = float(opts.rtol)
+    if opts.atol is not None:
+        tol["atol"] = float(opts.atol)
+    meta = {
+        "compiler_version": _version(),
+        "precision": precision,
+        "tolerances": tol,
+        "passes": list(opts.passes),
+        "source_model": opts.source_model,
+        "double_buffer": opts.double_buffer,
+    }
+    memory_map = {
+        "dram_size": plan.size,
+        "regions": plan.regions,
+        "sram_peak_bytes": ctx.sram_peak,
+        "sram_size_bytes": int(target.sram.size_bytes),
+        "buffers": plan.buffers,
+    }
+    return Program.for_target(
+        target, encode_program(text), constants=plan.cnst, entries=entries, io=io,
+        memory_map=memory_map, debug=debug, meta=meta,
+    )  # fmt: skip
+
+
+def _lower_function(fn: Any, ctx: LoweringContext) -> list[Kernel]:
+    kernels: list[Kernel] = []
+    for op in fn.ops:
+        if isinstance(op, _NO_CODE):
+            continue
+        lower = lowering_for(op)
+        with ctx.emitter.node(op) as context:
+            try:
+                got = lower(op, ctx)
+            except PassError as exc:
+                if exc.message.startswith("backend:"):
+                    raise
+                raise PassError(f"backend: {op.describe()}: {exc.message}") from None
+        for k in [got] if isinstance(got, Kernel) else list(got or []):
+            if k.debug is None:
+                k.debug = dict(context)
+            ctx.sram_peak = max(ctx.sram_peak, k.sram_bytes)
+            kernels.append(k)
+    return kernels
+
+
+def _binding(name: str, value: Any, plan: Any) -> dict:
+    t = value.type
+    return {
+        "name": name,
+        "dtype": t.dtype.name,
+        "shape": list(t.shape),
+        "dram": plan.placements[value],
+        "bytes": t.nbytes,
+        "onnx_dtype": ONNX_DTYPES.get(t.dtype.name, 0),
+    }
+
+
+def compile_report(program: Program) -> dict:
+    """What a CI report tracks about a compiled program: weight bytes, instruction counts per
+    mnemonic and per entry, the SRAM plan and the DRAM plan (regions and buffer sizes)."""
+    instrs = program.instructions()
+    mm = program.memory_map or {}
+    regions = mm.get("regions", [])
+    per_kind = Counter()
+    for r in regions:
+        per_kind[r.get("kind", "?")] += int(r.get("bytes", 0))
+    return {
+        "target": program.target_name,
+        "weight_bytes": len(program.constants),
+        "instructions": len(program.text) // INSTR_BYTES,
+        "instructions_per_mnemonic": dict(sorted(Counter(i.op for i in instrs).items())),
+        "entries": [dict(e) for e in program.entries],
+        "sram": {"peak_bytes": mm.get("sram_peak_bytes"), "size_bytes": mm.get("sram_size_bytes")},
+        "dram": {
+            "size_bytes": mm.get("dram_size"),
+            "bytes_per_kind": dict(sorted(per_kind.items())),
+            "regions": regions,
+        },  # fmt: skip
+    }
