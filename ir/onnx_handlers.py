@@ -47,7 +47,9 @@ def onnx_dtype(elem_type: int) -> DType:
 
 
 Handler = Callable[..., list]
-HANDLERS: dict[str, Handler] = {}
+HANDLERS: dict[str, Handler] = {}  # default domain (ai.onnx), by op type
+# Ops of other domains that map trivially onto the IR, by (domain, op type).
+DOMAIN_HANDLERS: dict[tuple[str, str], Handler] = {}
 CHECKS: dict[str, Callable[..., str | None]] = {}
 
 
@@ -171,6 +173,13 @@ def _gelu(ctx, ins):
     t = ctx.emit(ops.TanhOp, [ctx.emit(ops.MulOp, [inner, _scalar(ctx, math.sqrt(2 / math.pi), x)])])
     half_x = ctx.emit(ops.MulOp, [x, _scalar(ctx, 0.5, x)])
     return [ctx.emit(ops.MulOp, [half_x, ctx.emit(ops.AddOp, [t, _scalar(ctx, 1.0, x)])])]
+
+
+def _ms_gelu(ctx, ins):
+    return [ctx.emit(ops.GeluOp, ins[:1])]  # com.microsoft Gelu is the exact (erf) GELU
+
+
+DOMAIN_HANDLERS["com.microsoft", "Gelu"] = _ms_gelu
 
 
 @check("Cast", "CastLike")

@@ -21,6 +21,7 @@ rounding, not a lossless conversion; float64 model inputs/outputs are unsupporte
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ from mcpc.ir import ops_nn, ops_shape  # noqa: F401  (registers the ops the hand
 from mcpc.ir.core import Function, Module, Operation, Value
 from mcpc.ir.dtypes import I32, I64, DType, dtype_from_numpy
 from mcpc.ir.interpreter import evaluate_op
-from mcpc.ir.onnx_handlers import CHECKS, HANDLERS, onnx_dtype
+from mcpc.ir.onnx_handlers import CHECKS, DOMAIN_HANDLERS, HANDLERS, onnx_dtype
 from mcpc.ir.ops_core import ConstantOp, ReturnOp
 from mcpc.ir.ops_elementwise import CastOp
 from mcpc.ir.types import TensorType
@@ -41,6 +42,7 @@ MIN_OPSET, MAX_OPSET = 13, 28
 # Import-time folding never grows constant storage past this (see ``Importer.emit``).
 IMPORT_FOLD_MAX_ELEMENTS = 1 << 22
 _DEFAULT_DOMAINS = ("", "ai.onnx")
+_SHAPE_DATA_MAX_ELEMENTS = 4096  # initializers this small are kept for ONNX's data propagation
 
 
 class ImporterBug(McpcError):
@@ -61,7 +63,8 @@ def import_onnx(
     """
     proto, label, name = _load(model)
     try:
-        onnx.checker.check_model(proto)
+        # by path when there is one: the checker then handles external data and models over 2 GB
+        onnx.checker.check_model(label if isinstance(model, (str, Path)) else proto)
     except Exception as e:  # ValidationError, or a protobuf problem
         raise InputError(f"{label}: not a valid ONNX model: {_first_line(e)}") from None
     opset = default_opset(proto, label)
@@ -174,7 +177,7 @@ def bind_input_shapes(
                 shape.append(learned[d.dim_param])
             else:
                 param = f"'{d.dim_param}'" if d.dim_param else "(unnamed)"
-                pattern = "x".join("N" if i == pos else "?" for i in range(len(tt.shape.dim)))
+                pattern = "x".join(_dim_hint(d, i == pos, learned) for i, d in enumerate(tt.shape.dim))
                 how = f"--dim {d.dim_param}=N or " if d.dim_param else ""
                 raise InputError(
                     f"{label}: input '{inp.name}' dim {pos} is symbolic {param}; bind it with "
@@ -187,14 +190,37 @@ def bind_input_shapes(
     return bound
 
 
+def _dim_hint(d, is_this: bool, learned: dict[str, int]) -> str:
+    """How one dim reads in the suggested ``--shape`` value: its size when known, N for the one
+    being reported, its param name (or ?) for other unknowns."""
+    if is_this:
+        return "N"
+    if d.HasField("dim_value"):
+        return str(d.dim_value)
+    return str(learned.get(d.dim_param, d.dim_param or "?"))
+
+
 def _onnx_shapes(proto: onnx.ModelProto, bound: dict[str, tuple[int, ...]]) -> dict[str, list[int | None]]:
     """ONNX's own shape inference on the bound model: name -> dims (None where unknown).
 
     Used only as a cross-check of our inference; failures of ONNX inference are not fatal.
     """
+    # A light copy: small initializers (shape data for data_prop) are kept, large ones become typed
+    # inputs, so weights are never copied (and multi-GB models stay under protobuf's 2 GB limit).
+    # Exporter value_info is dropped: it may hold stale symbolic dims.
     m = onnx.ModelProto()
-    m.CopyFrom(proto)
-    del m.graph.value_info[:]  # exporter value_info may hold stale symbolic dims
+    m.ir_version = proto.ir_version
+    m.opset_import.extend(proto.opset_import)
+    g = proto.graph
+    m.graph.node.extend(g.node)
+    m.graph.input.extend(g.input)
+    m.graph.output.extend(g.output)
+    listed = {i.name for i in g.input}
+    for init in g.initializer:
+        if math.prod(init.dims) <= _SHAPE_DATA_MAX_ELEMENTS:
+            m.graph.initializer.append(init)
+        elif init.name not in listed:
+            m.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, init.dims))
     for inp in m.graph.input:
         if inp.name in bound and inp.type.HasField("tensor_type"):
             shape = inp.type.tensor_type.shape
@@ -274,6 +300,8 @@ class _Importer:
                 problems.append(f"{what} '{vi.name}': {e}")
         for index, node in enumerate(self.graph.node):
             where = f"node '{node.name or f'{node.op_type}_{index}'}' (op_type {node.op_type}"
+            if (node.domain, node.op_type) in DOMAIN_HANDLERS:
+                continue
             if node.domain not in _DEFAULT_DOMAINS:
                 problems.append(f"{where}, domain {node.domain}): custom-domain ops are not supported")
             elif node.op_type not in HANDLERS:
@@ -298,7 +326,8 @@ class _Importer:
                 raise InputError(f"{self.where()}: uses '{name}', which no earlier node defines")
             else:
                 ins.append(self.env[name])
-        outs = HANDLERS[node.op_type](self, ins)
+        default = node.domain in _DEFAULT_DOMAINS
+        outs = (HANDLERS[node.op_type] if default else DOMAIN_HANDLERS[node.domain, node.op_type])(self, ins)
         for name, term in zip(node.output, outs, strict=False):
             if name:
                 self.env[name] = term

@@ -280,3 +280,15 @@ def test_build_examples(tmp_path, ort_run):
         tmp_path / "encoder_block.onnx"
     ).read_bytes()
     assert len(again) == len(paths)
+
+
+def test_com_microsoft_gelu_is_mapped(ort_run):
+    node = helper.make_node("Gelu", ["x"], ["y"], name="ms_gelu", domain="com.microsoft")
+    graph = helper.make_graph([node], "g", [vi("x", [3, 4])], [vi("y", [3, 4])])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = helper.find_min_ir_version_for(opsets[:1])
+    x = _randn(3, 4)
+    module = import_onnx(model)
+    assert [op.name for op in module.main.ops] == ["mcp.gelu", "mcp.return"]
+    assert norm_max_err(interpret(module, {"x": x})["y"], ort_run(model, {"x": x})["y"]) <= 1e-5
