@@ -23,6 +23,7 @@ demo: $(STAMP)
 	$(BIN)/mcpc examples build $(OUT)
 	$(BIN)/mcp-compile -o $(OUT)/$(DEMO).mcpb $(OUT)/$(DEMO).onnx
 	$(BIN)/mcpc sim run $(OUT)/$(DEMO).mcpb --inputs $(OUT)/$(DEMO).npz --outputs $(OUT)/$(DEMO).outputs.npz
+	$(BIN)/mcpc check $(OUT)/$(DEMO).onnx $(OUT)/$(DEMO).mcpb --inputs $(OUT)/$(DEMO).npz
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
