@@ -20,7 +20,7 @@ from mcpc.arch.numerics import NUMPY_DTYPES
 from mcpc.errors import InputError, SimTrap
 
 from .loader import LoadedProgram, from_program, load_program
-from .machine import Machine
+from .machine import PACKED, Machine, nbytes, pack4, unpack4
 from .profile import build_profile, trace_events
 from .timing import Deadlock, Faulted, simulate
 
@@ -65,9 +65,15 @@ def _dtype(b: dict, source: str) -> np.dtype:
     return NUMPY_DTYPES[b["dtype"]]
 
 
-def _check_region(b: dict, nbytes: int, size: int, source: str) -> int:
+def _check_region(b: dict, length: int, size: int, source: str) -> int:
+    declared = b.get("bytes")
+    if isinstance(declared, int) and declared != length:
+        raise InputError(
+            f"{source}: I/O binding {b.get('name')!r} declares {declared} bytes, its dtype and shape "
+            f"need {length}"
+        )
     addr = b.get("dram")
-    if not isinstance(addr, int) or addr < 0 or addr + nbytes > size:
+    if not isinstance(addr, int) or addr < 0 or addr + length > size:
         raise InputError(f"{source}: I/O binding {b.get('name')!r} lies outside DRAM of {size} bytes")
     return addr
 
@@ -103,8 +109,8 @@ def run_program(
     t = program.target
     m = Machine(program.dram_size, t.sram.size_bytes)
     consts = np.frombuffer(program.program.constants, dtype=np.uint8)
-    for dram, offset, nbytes in program.const_places:
-        m.dram[dram : dram + nbytes] = consts[offset : offset + nbytes]
+    for dram, offset, length in program.const_places:
+        m.dram[dram : dram + length] = consts[offset : offset + length]
     in_bindings = io.get("inputs", [])
     missing = [b["name"] for b in in_bindings if b["name"] not in inputs]
     if missing:
@@ -113,7 +119,7 @@ def run_program(
     for b in in_bindings:
         dt, shape = _dtype(b, src), _shape(b, src)
         arr = _coerce(b["name"], inputs[b["name"]], dt, shape, b["dtype"])
-        raw = arr.view(np.uint8).reshape(-1)
+        raw = pack4(arr.reshape(-1)) if b["dtype"] in PACKED else arr.view(np.uint8).reshape(-1)
         addr = _check_region(b, raw.size, m.dram_size, src)
         m.dram[addr : addr + raw.size] = raw
     try:
@@ -130,8 +136,13 @@ def run_program(
     for b in io.get("outputs", []):
         dt, shape = _dtype(b, src), _shape(b, src)
         count = int(np.prod(shape, dtype=np.int64))
-        addr = _check_region(b, count * dt.itemsize, m.dram_size, src)
-        outputs[b["name"]] = np.frombuffer(m.dram, dtype=dt, count=count, offset=addr).reshape(shape).copy()
+        size = nbytes(b["dtype"], count)
+        addr = _check_region(b, size, m.dram_size, src)
+        if b["dtype"] in PACKED:
+            flat = unpack4(m.dram[addr : addr + size], b["dtype"], count)
+        else:
+            flat = np.frombuffer(m.dram, dtype=dt, count=count, offset=addr).copy()
+        outputs[b["name"]] = flat.reshape(shape)
     profile = build_profile(program, entry, order, issue, done, stall)
     events = trace_events(program, entry, order, issue) if trace else None
     return SimResult(outputs=outputs, profile=profile, trace_events=events)

@@ -1,7 +1,8 @@
 """Functional semantics: one handler per mnemonic, computed with the shared numerics kernels.
 
 ``compile_instr`` turns a decoded instruction into ``(handler, args, sram_hi)`` once, at load
-time: operand descriptors are plain tuples ``(addr, rows, cols, row_step, col_step, np_dtype)``
+time: operand descriptors are plain tuples ``(addr, rows, cols, row_step, col_step, np_dtype,
+packed)``
 so that executing an instruction only builds numpy views and calls one kernel.  Static faults
 (an SRAM operand past the end of SRAM, an unsupported element size, a dtype with no MAC rate)
 become a handler that raises ``Fault`` when, and only when, the instruction executes — like an
@@ -23,7 +24,7 @@ from mcpc.arch.isa import Instr
 from mcpc.arch.numerics import NUMPY_DTYPES, binary, cast, matmul_tile, row_reduce, select, unary
 
 from .decode import Decoded
-from .machine import Fault, Machine, dram_rows, sram_extent, view
+from .machine import PACKED, Fault, Machine, dram_rows, nbytes, pack4, sram_extent, unpack4, view
 
 Handler = Callable[[Machine, tuple], None]
 _U8 = np.dtype(np.uint8)
@@ -68,55 +69,75 @@ def _gather(m: Machine, a: tuple) -> None:
     view(m.sram, sram, count, row_bytes, sram_stride, 1, _U8)[...] = rows
 
 
+def _get(s: np.ndarray, d: tuple) -> np.ndarray:
+    """The (rows, cols) value of operand ``d``: a view, or an unpacked copy for 4-bit dtypes."""
+    if d[6] is None:
+        return np.ndarray((d[1], d[2]), dtype=d[5], buffer=s, offset=d[0], strides=(d[3], d[4]))
+    addr, rows, cols, row_step, col_step, _, name = d
+    per_row = cols if col_step else 1
+    raw = np.ndarray((rows, nbytes(name, per_row)), dtype=_U8, buffer=s, offset=addr, strides=(row_step, 1))
+    vals = unpack4(raw, name, per_row)
+    return vals if col_step else np.broadcast_to(vals, (rows, cols))
+
+
+def _put(s: np.ndarray, d: tuple, value: np.ndarray) -> None:
+    """Write ``value`` (broadcastable to the operand's shape) through operand ``d``."""
+    if d[6] is None:
+        np.ndarray((d[1], d[2]), dtype=d[5], buffer=s, offset=d[0], strides=(d[3], d[4]))[...] = value
+        return
+    addr, rows, cols, row_step, _, _, name = d
+    raw = np.ndarray((rows, nbytes(name, cols)), dtype=_U8, buffer=s, offset=addr, strides=(row_step, 1))
+    raw[...] = pack4(np.broadcast_to(value, (rows, cols)), raw[:, -1:] if cols % 2 else None)
+
+
 def _matmul(m: Machine, a: tuple) -> None:
     A, B, C, trans_b, acc = a
     s = m.sram
-    b = view(s, *B)
-    part = matmul_tile(view(s, *A), b.T if trans_b else b)
-    c = view(s, *C)
+    b = _get(s, B)
+    part = matmul_tile(_get(s, A), b.T if trans_b else b)
+    c = view(s, *C[:6])
     c[...] = (c + part) if acc else part  # f32 accumulation, exactly numerics.matmul_2d's `c += part`
 
 
 def _vbin(m: Machine, a: tuple) -> None:
     func, S0, S1, D, out = a
     s = m.sram
-    view(s, *D)[...] = binary(func, view(s, *S0), view(s, *S1), out)
+    _put(s, D, binary(func, _get(s, S0), _get(s, S1), out))
 
 
 def _vbini(m: Machine, a: tuple) -> None:
     func, S0, imm, rev, D, out = a
     s = m.sram
-    x = view(s, *S0)
-    view(s, *D)[...] = binary(func, imm, x, out) if rev else binary(func, x, imm, out)
+    x = _get(s, S0)
+    _put(s, D, binary(func, imm, x, out) if rev else binary(func, x, imm, out))
 
 
 def _vun(m: Machine, a: tuple) -> None:
     func, S, D, out = a
     s = m.sram
-    view(s, *D)[...] = unary(func, view(s, *S), out)
+    _put(s, D, unary(func, _get(s, S), out))
 
 
 def _vred(m: Machine, a: tuple) -> None:
     func, S, D, out = a
     s = m.sram
-    view(s, *D)[:, 0] = row_reduce(func, view(s, *S), out)
+    _put(s, D, row_reduce(func, _get(s, S), out)[None, :])  # D is one row of `rows` values
 
 
 def _vsel(m: Machine, a: tuple) -> None:
     Cd, S, D, dtype = a
     s = m.sram
-    d = view(s, *D)
-    d[...] = select(view(s, *Cd), view(s, *S), d, dtype)
+    _put(s, D, select(_get(s, Cd), _get(s, S), _get(s, D), dtype))
 
 
 def _fill0(m: Machine, a: tuple) -> None:
-    view(m.sram, *a[0])[...] = 0
+    view(m.sram, *a[0][:6])[...] = 0
 
 
 def _transpose(m: Machine, a: tuple) -> None:
     S, D = a
     s = m.sram
-    view(s, *D)[...] = np.array(view(s, *S).T, copy=True)
+    view(s, *D[:6])[...] = np.array(view(s, *S[:6]).T, copy=True)
 
 
 # -- compilation -------------------------------------------------------------------------------
@@ -127,18 +148,29 @@ class _Bounds:
         self.size, self.hi = sram_size, 0
 
     def operand(self, what: str, addr: int, rows: int, cols: int, stride: int, bcast: int, dtype: str):
+        """Descriptor ``(addr, rows, cols, row_step, col_step, np_dtype, packed)`` of a typed operand;
+        ``packed`` is the 4-bit dtype name (col_step then only marks broadcast: 0) or None."""
         dt = NUMPY_DTYPES[dtype]
-        size = dt.itemsize
-        return self.raw(what, addr, rows, cols, stride * size, 0 if bcast else size, dt)
+        if dtype not in PACKED:
+            size = dt.itemsize
+            return self.raw(what, addr, rows, cols, stride * size, 0 if bcast else size, dt)
+        if stride % 2:
+            raise Fault(f"illegal instruction: {what} is {dtype} with an odd row stride {stride}")
+        per_row = 1 if bcast else cols
+        self._check(what, addr, sram_extent(addr, rows, nbytes(dtype, per_row), stride // 2, 1, 1))
+        return (addr, rows, cols, stride // 2, 0 if bcast else 1, dt, dtype)
 
     def raw(self, what: str, addr: int, rows: int, cols: int, row_step: int, col_step: int, dt: np.dtype):
-        hi = sram_extent(addr, rows, cols, row_step, col_step, dt.itemsize)
+        """Descriptor of an operand given in byte strides (never packed)."""
+        self._check(what, addr, sram_extent(addr, rows, cols, row_step, col_step, dt.itemsize))
+        return (addr, rows, cols, row_step, col_step, dt, None)
+
+    def _check(self, what: str, addr: int, hi: int) -> None:
         if hi > self.size:
             raise Fault(
                 f"SRAM overflow: {what} bytes [{addr:#x}, {hi:#x}) exceed SRAM of {self.size:#x} bytes"
             )
         self.hi = max(self.hi, hi)
-        return (addr, rows, cols, row_step, col_step, dt)
 
 
 def _compile_dma(i: Instr | Decoded, b: _Bounds) -> tuple[Handler, tuple]:
@@ -190,7 +222,7 @@ def _compile_compute(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handl
         return _vun, (i.func, S, D, i.out_dtype)
     if op == "vred":
         S = b.operand("src", i.src, rows, cols, i.src_stride, 0, i.in_dtype)
-        D = b.operand("dst", i.dst, rows, 1, 1, 0, i.out_dtype)
+        D = b.operand("dst", i.dst, 1, rows, 0, 0, i.out_dtype)
         if cols == 0 and rows > 0:
             raise Fault("illegal instruction: vred over rows of 0 elements")
         return _vred, (i.func, S, D, i.out_dtype)
@@ -235,7 +267,7 @@ def compile_instr(instr: Instr | Decoded, target: Any) -> tuple[Handler, tuple, 
 
 def _empty(args: tuple) -> bool:
     # An operand with no elements makes the whole instruction a no-op (no bytes are touched).
-    return any(isinstance(x, tuple) and len(x) == 6 and (x[1] == 0 or x[2] == 0) for x in args)
+    return any(isinstance(x, tuple) and len(x) == 7 and (x[1] == 0 or x[2] == 0) for x in args)
 
 
 def illegal(message: str) -> tuple[Handler, tuple, int]:

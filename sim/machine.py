@@ -4,8 +4,9 @@ Assumptions: SRAM addresses in instructions are static, so their bounds are chec
 program is loaded (``sram_extent``); DRAM addresses may add a scalar register, so DMA checks them
 at execution time (``dram_rows``).  Every operand is a 2-D (rows, cols) numpy view over the byte
 arrays, built with explicit byte strides: a row stride of 0 repeats row 0, a column step of 0
-repeats one element per row.  Sub-byte dtypes (i4, u4) occupy one byte per element in memory in
-ISA v1 (the ml_dtypes layout); packed 4-bit data arrives with the quantized instructions.
+repeats one element per row.  ``i4``/``u4`` are packed two per byte, element 2j in the low nibble
+(docs/isa.md): their operands are unpacked on read and packed on write (``read``/``write``),
+every other dtype is a zero-copy numpy view.
 """
 
 from __future__ import annotations
@@ -15,15 +16,11 @@ import numpy as np
 from mcpc.arch.numerics import NUMPY_DTYPES
 
 N_REGS = 16
+PACKED = frozenset({"i4", "u4"})
 
 
 class Fault(Exception):
     """A trap raised while executing one instruction; the executor adds address, mnemonic and node."""
-
-
-def itemsize(dtype: str) -> int:
-    """Bytes one element of ``dtype`` occupies in SRAM/DRAM (i4/u4 and i1: one byte)."""
-    return NUMPY_DTYPES[dtype].itemsize
 
 
 def sram_extent(addr: int, rows: int, cols: int, row_step: int, col_step: int, size: int) -> int:
@@ -50,6 +47,29 @@ class Machine:
         self.sram = np.zeros(sram_size, dtype=np.uint8)
         self.regs = [0] * N_REGS
         self.dram_size = dram_size
+
+
+def nbytes(dtype: str, count: int) -> int:
+    """Bytes ``count`` elements of ``dtype`` occupy in memory (4-bit types packed two per byte)."""
+    return (count + 1) // 2 if dtype in PACKED else count * NUMPY_DTYPES[dtype].itemsize
+
+
+def unpack4(raw: np.ndarray, dtype: str, count: int) -> np.ndarray:
+    """``count`` 4-bit elements from the uint8 array ``raw`` (last axis), element 2j in the low nibble."""
+    nib = np.stack([raw & 0xF, raw >> 4], axis=-1).reshape(*raw.shape[:-1], -1)[..., :count]
+    if dtype == "i4":
+        nib = (nib.astype(np.int8) ^ 8) - 8  # sign-extend the nibble
+    return nib.astype(NUMPY_DTYPES[dtype])
+
+
+def pack4(values: np.ndarray, keep_last_high: np.ndarray | None = None) -> np.ndarray:
+    """Bytes of 4-bit ``values`` along the last axis; for an odd count the last byte keeps the high
+    nibble ``keep_last_high`` (the byte's current value, so a write never clobbers a neighbour)."""
+    nib = (np.asarray(values).astype(np.int8) & 0xF).astype(np.uint8)
+    if nib.shape[-1] % 2:
+        pad = np.zeros(nib.shape[:-1] + (1,), np.uint8) if keep_last_high is None else keep_last_high >> 4
+        nib = np.concatenate([nib, pad], axis=-1)
+    return nib[..., 0::2] | (nib[..., 1::2] << 4)
 
 
 def view(buf: np.ndarray, addr: int, rows: int, cols: int, row_step: int, col_step: int, dt: np.dtype):

@@ -30,7 +30,7 @@ from mcpc.arch.isa import SFU_FUNCS, Instr
 from .decode import Decoded
 from .machine import Fault, Machine
 
-_TRANSPOSE_LANES = {1: "u8", 2: "f16", 4: "f32", 8: "i64"}
+_TRANSPOSE_LANES = {1: "i8", 2: "f16", 4: "f32", 8: "i64"}
 DMA_OPS = frozenset({"load", "store", "gather"})
 
 
@@ -67,7 +67,7 @@ def instr_cost(i: Instr | Decoded, target: Any) -> Cost:
         elif op == "vsel":
             lanes = target.vector_lanes_for(i.dtype)
         elif op == "transpose":
-            lanes = target.vector_lanes_for(_TRANSPOSE_LANES.get(i.elem_bytes, "u8"))
+            lanes = target.vector_lanes_for(_TRANSPOSE_LANES.get(i.elem_bytes, "i8"))
         else:
             lanes = target.vector_lanes_for(i.in_dtype)
         return Cost(math.ceil(i.rows * i.cols / lanes) + vec.latency, 0, 0, 0, 0)

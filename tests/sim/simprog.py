@@ -13,9 +13,9 @@ import numpy as np
 from mcpc.arch.asm import parse_asm
 from mcpc.arch.isa import Instr, encode_program
 from mcpc.arch.mcpb import Program, read_mcpb, write_mcpb
-from mcpc.arch.numerics import NUMPY_DTYPES
 from mcpc.arch.target import load_target
 from mcpc.sim.api import from_program
+from mcpc.sim.machine import nbytes as packed_nbytes
 
 
 def _align(n: int, a: int = 64) -> int:
@@ -44,7 +44,7 @@ def build(
     io = {"inputs": [], "outputs": []}
     for kind, table in (("input", inputs or {}), ("output", outputs or {})):
         for name, (dtype, shape) in table.items():
-            nbytes = int(np.prod(shape, dtype=np.int64)) * NUMPY_DTYPES[dtype].itemsize
+            nbytes = packed_nbytes(dtype, int(np.prod(shape, dtype=np.int64)))
             addrs[name] = cur
             io[f"{kind}s"].append(
                 {
