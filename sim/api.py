@@ -123,7 +123,7 @@ def run_program(
         addr = _check_region(b, raw.size, m.dram_size, src)
         m.dram[addr : addr + raw.size] = raw
     try:
-        issue, done, stall = simulate(program.recs, order, m)
+        issue, done, stall, tokens_left = simulate(program.recs, order, m)
     except Faulted as exc:
         raise SimTrap(f"{src}: {program.describe(exc.index)}: {exc.message}") from None
     except Deadlock as exc:
@@ -144,6 +144,7 @@ def run_program(
             flat = np.frombuffer(m.dram, dtype=dt, count=count, offset=addr).copy()
         outputs[b["name"]] = flat.reshape(shape)
     profile = build_profile(program, entry, order, issue, done, stall)
+    profile["tokens_left"] = tokens_left
     events = trace_events(program, entry, order, issue) if trace else None
     return SimResult(outputs=outputs, profile=profile, trace_events=events)
 

@@ -65,3 +65,6 @@ def render_summary(profile: dict, console: Console, source: str = "", top: int =
             f"{n['instructions']:,}",
         )
     console.print(nodes)
+    if p.get("tokens_left"):
+        left = ", ".join(f"{k}: {v}" for k, v in p["tokens_left"].items())
+        console.print(f"[yellow]warning:[/] dependency tokens left unconsumed at the end ({left})")

@@ -25,7 +25,7 @@ import math
 from collections import deque
 from typing import Any, NamedTuple
 
-from mcpc.arch.isa import SFU_FUNCS, Instr
+from mcpc.arch.isa import ENGINES, SFU_FUNCS, Instr
 
 from .decode import Decoded
 from .machine import Fault, Machine
@@ -96,11 +96,13 @@ REC_ENGINE, REC_WAITS, REC_SIGNALS, REC_FN, REC_ARGS, REC_BUSY, REC_TAIL, REC_DM
 _ILLEGAL_PY = (ValueError, TypeError, ArithmeticError, IndexError)
 
 
-def simulate(recs: list[tuple], order: range, machine: Machine) -> tuple[list[int], list[int], list[int]]:
+def simulate(recs: list[tuple], order: range, machine: Machine) -> tuple[list, list, list, dict]:
     """Run instructions ``order`` (global indices into ``recs``) through the three queues.
 
-    Returns ``(issue, done, stall)``: per-instruction issue and completion cycle (lists indexed by
-    position in ``order``) and per-engine stall cycles.  Raises Faulted or Deadlock.
+    Returns ``(issue, done, stall, tokens_left)``: per-instruction issue and completion cycle
+    (lists indexed by position in ``order``), per-engine stall cycles, and the tokens still
+    pending at the end (``{"EX->LD": 1}``; empty when the program balances them, as it should).
+    Raises Faulted or Deadlock.
     """
     base = order.start
     queues: list[list[int]] = [[], [], []]
@@ -139,7 +141,13 @@ def simulate(recs: list[tuple], order: range, machine: Machine) -> tuple[list[in
         if best < 0:
             if pos != lens:
                 raise Deadlock(_blocked(recs, queues, pos, lens, tokens))
-            return issue, done, stall
+            left = {
+                f"{ENGINES[a]}->{ENGINES[b]}": len(tokens[a][b])
+                for a in range(3)
+                for b in range(3)
+                if tokens[a][b]
+            }
+            return issue, done, stall, left
         e = best
         idx = queues[e][pos[e]]
         r = recs[idx]

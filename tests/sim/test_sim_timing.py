@@ -76,6 +76,7 @@ def test_double_buffered_matmul_is_correct_and_overlaps(ab):
     overlap = any(lo < me and ms < le for lo, le in loads for ms, me in mms)
     assert overlap, "no LD transfer overlaps an EX matmul"
     prof = res.profile
+    assert prof["tokens_left"] == {}
     assert prof["macs"] == M * N * K
     assert prof["dram_read_bytes"] == (M * K + K * N) * 4 and prof["dram_write_bytes"] == M * N * 4
     single = run_program(matmul_program(double_buffer=False), ab)
@@ -91,6 +92,7 @@ def test_missing_wait_token_corrupts_outputs(ab):
     # the load of A tile 2 (instruction 6) no longer waits for matmul 0 to release slot 0: it runs
     # ahead and overwrites A tile 0 before matmul 0 has read it
     res = run_program(matmul_program(drop=(6, "wait")), ab)
+    assert res.profile["tokens_left"] == {"EX->LD": 1}  # the token load 6 should have taken
     assert not np.array_equal(res.outputs["c"], matmul_2d(ab["a"], ab["b"], tile=(0, 0, TK)))
 
 
