@@ -251,7 +251,7 @@ def _print_summary(result) -> None:
         line += f" ({top})"
     if "program" in report:
         stats = report["program"]
-        line += f"; {stats['instructions']} instructions, {stats['constant_bytes']} constant bytes"
+        line += f"; {stats['instructions']} instructions, {stats['weight_bytes']} weight bytes"
     from rich.text import Text
 
     _stdout_console().print(Text(line))

@@ -203,7 +203,9 @@ def compile(  # noqa: A001 - the public API name (mcpc.compile) is part of the s
         "ir_ops": dict(sorted(Counter(op.name for op in module.walk()).items())),
     }
     if program is not None:
-        report["program"] = program_stats(program)
+        from mcpc.backend import compile_report
+
+        report["program"] = compile_report(program)
     return CompileResult(module, program, text, output, report, pm)
 
 
@@ -223,19 +225,6 @@ def _compile_to_program(module, target, config, pipeline, model):
         "qat_config": config,
     }
     return compile_to_program(module, target, options)
-
-
-def program_stats(program) -> dict[str, Any]:
-    """Sizes a CI report tracks: instructions, constant bytes, planned SRAM peak, entry points."""
-    from mcpc.arch.isa import INSTR_BYTES
-
-    memory_map = program.memory_map or {}
-    return {
-        "instructions": len(program.text) // INSTR_BYTES,
-        "constant_bytes": len(program.constants),
-        "sram_peak_bytes": memory_map.get("sram_peak_bytes"),
-        "entries": [e.get("name") for e in (program.entries or [])],
-    }
 
 
 def write_report(path: str | Path, report: dict[str, Any]) -> None:

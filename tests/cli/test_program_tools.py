@@ -33,7 +33,7 @@ def built(tmp_path_factory):
 def test_compile_writes_mcpb_and_report(built):
     report = json.loads((built / "r.json").read_text())
     program = report["program"]
-    assert program["instructions"] > 0 and program["constant_bytes"] > 0
+    assert program["instructions"] > 0 and program["weight_bytes"] > 0 and program["target"] == "mcp2026-a100"
     assert report["output"] == str(built / "mlp.mcpb") and (built / "mlp.mcpb").is_file()
 
 
