@@ -27,9 +27,10 @@ Token rules (per kernel; r = load rank, g = store rank of the step):
   has stores.
 * stores: first waits EX; last signals EX iff store step g + out_slots exists, and signals LD
   iff it is a copy step releasing a reused input slot.
-* kernel boundary: the last store of a kernel signals LD and the first load of the next kernel
-  that loads waits ST (and the first compute of a next kernel that starts without loads waits ST
-  too), so loads never read DRAM before the producer's stores land and SRAM is free.  Hence the
+* kernel boundary: the last store of a kernel (its last compute if it has no stores) signals LD
+  and the first load of the next kernel waits for it (and the first compute of a next kernel
+  that starts without loads waits ST too), so loads never read DRAM before the producer's
+  stores land and never overwrite SRAM a previous kernel still reads.  Hence the
   loads of kernel k+1 cannot start before the last store of kernel k: prefetch across kernels is
   future work.
 
@@ -102,29 +103,33 @@ def schedule_with_debug(kernels: Iterable[Kernel]) -> tuple[list[Instr], list[di
     """Like ``schedule``, plus each instruction's debug record (its kernel's ``debug``)."""
     out: list[Instr] = []
     dbg: list[dict | None] = []
-    prev_store: int | None = None  # index in ``out`` of the last store of the latest storing kernel
+    prev_end: int | None = None  # index in ``out`` of the instruction that ends the previous kernel
     for kernel in kernels:
-        prev_store = _schedule_kernel(kernel, out, dbg, prev_store)
+        prev_end = _schedule_kernel(kernel, out, dbg, prev_end)
     return out, dbg
 
 
-def _schedule_kernel(kernel: Kernel, out: list[Instr], dbg: list, prev_store: int | None) -> int | None:
+def _schedule_kernel(kernel: Kernel, out: list[Instr], dbg: list, prev_end: int | None) -> int | None:
+    """Append ``kernel``; return the index of its last store (or, without stores, its last
+    compute), which the next kernel's first load (and first compute) wait for."""
     steps = [s for s in kernel.steps if s]
     if not steps:
-        return prev_store
+        return prev_end
     n_load = sum(1 for s in steps if s.loads)
     n_store = sum(1 for s in steps if s.stores)
     # Who releases each input slot: the step's computes, or its stores for a copy step.
     release = [ST if (s.stores and not s.computes) else EX for s in steps if s.loads]
-    boundary_ld = prev_store is not None and n_load > 0
-    boundary_ex = prev_store is not None and not steps[0].loads
+    end_engine = out[prev_end].engine if prev_end is not None else None
+    boundary_ld = end_engine is not None and n_load > 0
+    boundary_ex = end_engine == ST and not steps[0].loads  # an EX end is already in EX order
     if boundary_ld:
-        out[prev_store] = _bits(out[prev_store], signal=1 << LD)
+        out[prev_end] = _bits(out[prev_end], signal=1 << LD)
     if boundary_ex:
-        out[prev_store] = _bits(out[prev_store], signal=1 << EX)
+        out[prev_end] = _bits(out[prev_end], signal=1 << EX)
     r = g = 0
     group_open = True  # the next compute is the first of its output group
     first_load = True
+    last_ex = None
     for step in steps:
         loads = list(step.loads)
         ex = list(step.computes) or ([_NOP] if (step.loads or step.stores) else [])
@@ -132,7 +137,7 @@ def _schedule_kernel(kernel: Kernel, out: list[Instr], dbg: list, prev_store: in
         if loads:
             wait = 1 << release[r - kernel.in_slots] if r >= kernel.in_slots else 0
             if first_load and boundary_ld:
-                wait |= 1 << ST
+                wait |= 1 << end_engine
             first_load = False
             loads[0] = _bits(loads[0], wait=wait)
             loads[-1] = _bits(loads[-1], signal=1 << EX)
@@ -161,9 +166,9 @@ def _schedule_kernel(kernel: Kernel, out: list[Instr], dbg: list, prev_store: in
         for instr in (*loads, *ex, *stores):
             out.append(instr)
             dbg.append(kernel.debug)
-    if n_store:
-        return len(out) - 1
-    return None if n_load else prev_store
+        if ex:
+            last_ex = len(out) - 1 - len(stores)
+    return len(out) - 1 if n_store else last_ex
 
 
 def _bits(instr: Instr, wait: int = 0, signal: int = 0) -> Instr:

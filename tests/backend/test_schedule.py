@@ -1,0 +1,175 @@
+"""The token discipline: balance, no deadlock, and no cross-engine race for any kernel shape."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mcpc.arch.isa import EX, LD, ST, Instr
+from mcpc.backend.schedule import (
+    Kernel,
+    ScheduleError,
+    Step,
+    check_hazards,
+    replay_tokens,
+    schedule,
+    schedule_with_debug,
+)
+
+ROW = 64  # bytes per synthetic buffer
+
+
+def load(sram: int, dram: int) -> Instr:
+    return Instr("load", dict(dram=dram, sram=sram, rows=1, row_bytes=ROW, dram_stride=ROW, sram_stride=ROW))
+
+
+def store(sram: int, dram: int) -> Instr:
+    return Instr("store", dict(dram=dram, sram=sram, rows=1, row_bytes=ROW, dram_stride=ROW, sram_stride=ROW))
+
+
+def copy(dst: int, src: int, acc_src: int | None = None) -> Instr:
+    """An EX op reading ``src`` (and ``acc_src``) and writing ``dst`` (f32, 16 elements = ROW bytes)."""
+    if acc_src is None:
+        return Instr("vun", dict(dst=dst, src=src, rows=1, cols=16, dst_stride=16, src_stride=16))
+    return Instr("vbin", dict(dst=dst, src0=src, src1=acc_src, rows=1, cols=16, dst_stride=16,
+                              s0_stride=16, s1_stride=16))  # fmt: skip
+
+
+def build_kernel(shape: list[tuple[bool, bool, bool]], in_slots: int, out_slots: int, src: int, dst: int,
+                 sram_base: int = 0) -> Kernel:  # fmt: skip
+    """A kernel following the scheduler's contract: step (has_load, has_compute, has_store).
+
+    Loads read DRAM ``src + i*ROW`` into input slot r; computes read their input slot (if any)
+    and accumulate into the output slot of their group; stores write DRAM ``dst + g*ROW``; a
+    copy step (load + store, no compute) stores straight from its input slot.
+    """
+    ins = [sram_base + i * ROW for i in range(in_slots)]
+    outs = [sram_base + (in_slots + i) * ROW for i in range(out_slots)]
+    scratch = sram_base + (in_slots + out_slots) * ROW  # persistent: never touched by DMA
+    steps, r, g = [], 0, 0
+    for i, (has_l, has_c, has_s) in enumerate(shape):
+        step = Step()
+        slot_in = ins[r % in_slots]
+        if has_l:
+            step.loads.append(load(slot_in, src + i * ROW))
+        if has_c:
+            reads = slot_in if has_l else scratch
+            step.computes.append(copy(outs[g % out_slots], reads, outs[g % out_slots]))
+            step.computes.append(copy(scratch, reads))
+        if has_s:
+            from_slot = slot_in if (has_l and not has_c) else outs[g % out_slots]
+            step.stores.append(store(from_slot, dst + g * ROW))
+            g += 1
+        r += int(has_l)
+        steps.append(step)
+    return Kernel(steps, in_slots, out_slots)
+
+
+step_shape = st.tuples(st.booleans(), st.booleans(), st.booleans()).filter(any)
+
+
+@st.composite
+def kernel_shapes(draw):
+    shape = draw(st.lists(step_shape, min_size=1, max_size=9))
+    if any(s for _, _, s in shape) and not shape[-1][2]:
+        shape.append((draw(st.booleans()), True, True))
+    return shape
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(kernel_shapes(), st.integers(1, 3), st.integers(1, 3)), min_size=1, max_size=4))
+def test_any_kernel_sequence_is_balanced_and_race_free(kernels):
+    built = []
+    for idx, (shape, ins, outs) in enumerate(kernels):
+        # kernel k reads what kernel k-1 wrote (DRAM RAW across the boundary) and reuses SRAM
+        built.append(build_kernel(shape, ins, outs, src=idx * 4096, dst=(idx + 1) * 4096))
+    instrs = schedule(built)
+    check_hazards(instrs)  # raises on deadlock, unbalanced tokens or a race
+
+
+def test_every_token_is_popped_replay():
+    k = build_kernel([(True, True, True)] * 5, 2, 2, 0, 4096)
+    instrs = schedule([k, build_kernel([(True, True, True)] * 3, 1, 1, 4096, 8192)])
+    pushed = {(e, d): 0 for e in range(3) for d in range(3)}
+    popped = dict(pushed)
+    for i in instrs:
+        for d in range(3):
+            pushed[(i.engine, d)] += i.signal >> d & 1
+            popped[(d, i.engine)] += i.wait >> d & 1
+    assert pushed == popped
+    replay_tokens(instrs)
+
+
+def test_double_buffered_loads_run_ahead_by_one_slot():
+    instrs = schedule([build_kernel([(True, True, True)] * 4, 2, 2, 0, 4096)])
+    loads = [i for i in instrs if i.op == "load"]
+    assert [bool(i.wait >> EX & 1) for i in loads] == [False, False, True, True]
+    assert all(i.signal == 1 << EX for i in loads)
+    single = schedule([build_kernel([(True, True, True)] * 4, 1, 1, 0, 4096)])
+    assert [bool(i.wait >> EX & 1) for i in single if i.op == "load"] == [False, True, True, True]
+
+
+def test_kernel_boundary_waits_for_the_producers_last_store():
+    a = build_kernel([(True, True, True)] * 2, 2, 2, 0, 4096)
+    b = build_kernel([(True, True, True)] * 2, 2, 2, 4096, 8192)
+    instrs = schedule([a, b])
+    stores = [i for i in instrs if i.op == "store"]
+    first_b_load = [i for i in instrs if i.op == "load"][2]
+    assert stores[1].signal >> LD & 1 and first_b_load.wait >> ST & 1
+    assert not stores[-1].signal  # nothing after the last kernel
+
+
+def test_step_without_compute_gets_a_nop_carrying_tokens():
+    k = Kernel([Step([load(0, 0)], [], [store(0, 4096)])], 1, 1)
+    instrs = schedule([k])
+    assert [i.op for i in instrs] == ["load", "nop", "store"]
+    assert instrs[1].wait == 1 << LD and instrs[1].signal == 1 << ST
+    check_hazards(instrs)
+
+
+def test_copy_steps_release_their_slot_from_the_store_engine():
+    instrs = schedule([build_kernel([(True, False, True)] * 4, 2, 2, 0, 4096)])
+    check_hazards(instrs)
+    loads = [i for i in instrs if i.op == "load"]
+    assert loads[2].wait == 1 << ST  # slot 0 is free once step 0's store has read it
+
+
+def test_checker_finds_a_missing_token():
+    instrs = schedule([build_kernel([(True, True, True)] * 4, 2, 2, 0, 4096)])
+    # drop the EX->LD release of step 0 and the matching wait: balanced, deadlock-free, but racy
+    k = next(i for i, x in enumerate(instrs) if x.op == "load" and x.wait >> EX & 1)
+    rel = next(i for i, x in enumerate(instrs) if x.engine == EX and x.signal >> LD & 1)
+    broken = list(instrs)
+    broken[k] = broken[k].replace(wait=broken[k].wait & ~(1 << EX))
+    broken[rel] = broken[rel].replace(signal=broken[rel].signal & ~(1 << LD))
+    with pytest.raises(ScheduleError, match="race"):
+        check_hazards(broken)
+    with pytest.raises(ScheduleError, match="unbalanced"):
+        replay_tokens(instrs[:-1])  # without the last store, its EX->ST token is never popped
+
+
+def test_checker_finds_a_deadlock():
+    instrs = schedule([build_kernel([(True, True, True)] * 2, 2, 2, 0, 4096)])
+    instrs[0] = instrs[0].replace(wait=1 << ST)
+    with pytest.raises(ScheduleError, match="deadlock"):
+        replay_tokens(instrs)
+
+
+def test_kernel_contract_is_validated():
+    with pytest.raises(ValueError, match="not a LD"):
+        Kernel([Step(loads=[store(0, 0)])])
+    with pytest.raises(ValueError, match="must end with a step that stores"):
+        Kernel([Step([load(0, 0)], [copy(64, 0)], [store(64, 0)]), Step(computes=[copy(64, 0)])])
+    with pytest.raises(ValueError, match="slots"):
+        Kernel([], in_slots=0)
+
+
+def test_debug_records_follow_their_kernel():
+    a = build_kernel([(True, True, True)], 1, 1, 0, 4096)
+    a.debug = {"ir_op": "mcp.add", "onnx_node": "n0", "op_type": "Add"}
+    b = build_kernel([(True, False, True)], 1, 1, 4096, 8192)
+    b.debug = {"ir_op": "mcp.transpose", "onnx_node": "n1", "op_type": "Transpose"}
+    instrs, dbg = schedule_with_debug([a, b])
+    assert len(dbg) == len(instrs)
+    assert [d["onnx_node"] for d in dbg] == ["n0"] * 4 + ["n1"] * 3  # the nop belongs to n1
