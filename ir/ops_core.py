@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from mcpc.ir.core import Attr, Operation
 from mcpc.ir.dtypes import dtype_from_numpy
 from mcpc.ir.types import TensorType

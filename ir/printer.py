@@ -31,6 +31,7 @@ import re
 from typing import Any
 
 import numpy as np
+
 from mcpc.ir.core import Function, Module, Operation, Value
 from mcpc.ir.dtypes import DType, dtype_from_numpy
 from mcpc.ir.types import TensorType

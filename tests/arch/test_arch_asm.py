@@ -3,10 +3,10 @@
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mcpc.arch.asm import disassemble, format_instr, parse_asm
-from mcpc.arch.isa import Instr, encode_program
 from test_arch_isa import instrs
 
+from mcpc.arch.asm import disassemble, format_instr, parse_asm
+from mcpc.arch.isa import Instr, encode_program
 from mcpc.errors import ParseError
 
 

@@ -3,6 +3,7 @@
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from mcpc.arch.isa import (
     DTYPE_CODES,
     ENUMS,
@@ -17,7 +18,6 @@ from mcpc.arch.isa import (
     encode,
     encode_program,
 )
-
 from mcpc.errors import EncodeError, InputError
 
 LIVE = sorted(m for m, s in ISA.items() if not s.reserved)

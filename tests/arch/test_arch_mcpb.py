@@ -4,10 +4,10 @@ import hashlib
 import struct
 
 import pytest
+
 from mcpc.arch.isa import Instr, encode_program
 from mcpc.arch.mcpb import SECTION_ORDER, Program, _pack, program_bytes, read_mcpb, section_table, write_mcpb
 from mcpc.arch.target import load_target
-
 from mcpc.errors import EncodeError, InputError
 
 

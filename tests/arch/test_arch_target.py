@@ -5,8 +5,8 @@ import math
 
 import pytest
 import yaml
-from mcpc.arch.target import Target, list_targets, load_target
 
+from mcpc.arch.target import Target, list_targets, load_target
 from mcpc.errors import ConfigError
 
 NAMES = ["mcp2026-a10", "mcp2026-a100", "mcp2026-edge"]
