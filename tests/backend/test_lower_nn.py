@@ -1,0 +1,99 @@
+"""Softmax, layer_norm and reductions lowered as whole-row kernels: bit-exact with the interpreter
+for every axis pattern, dtype, SRAM size and target."""
+
+from __future__ import annotations
+
+import pytest
+from test_lower_vector import compile_check, mnemonics, single_op
+
+from mcpc.arch.target import load_target
+from mcpc.backend import compile_to_program
+from mcpc.backend.lower_nn import RowLayout
+from mcpc.errors import PassError, UnsupportedError
+from mcpc.ir import ops
+
+
+def test_row_layout_blocks():
+    last = RowLayout.of((2, 3, 4), [2])
+    assert (last.outer, last.nk, last.rblocks, last.transposed) == ([], 6, [(4, 1)], False)
+    mid = RowLayout.of((2, 3, 4), [1])
+    assert (mid.outer, mid.nk, mid.sk, mid.rblocks, mid.transposed) == ([(2, 12)], 4, 1, [(3, 4)], True)
+    split = RowLayout.of((2, 3, 4, 5), [1, 3])
+    assert (split.outer, split.nk, split.rblocks, split.c) == ([(2, 60)], 4, [(3, 20), (5, 1)], 15)
+    everything = RowLayout.of((3, 1, 4), [0, 1, 2])
+    assert (everything.nk, everything.c, everything.transposed) == (1, 12, False)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize(
+    "shape,axis", [((4, 16), -1), ((2, 5, 7), 1), ((3, 4, 5), 0), ((6,), 0), ((2, 3, 4, 5), 2)]
+)
+def test_softmax(dtype, shape, axis):
+    _, instrs, _ = compile_check(single_op(ops.SoftmaxOp, [(shape, dtype)], {"axis": axis}))
+    seq = [i.op + (f".{i.func}" if "func" in i.fields else "") for i in instrs if i.engine == 1]
+    steps = [s for s in seq if s not in ("transpose", "nop", "vun.copy")]
+    assert steps[:5] == ["vred.max", "vbin.sub", "vun.exp", "vred.sum", "vbin.div"]
+    assert ("transpose" in mnemonics(instrs)) == (axis % len(shape) != len(shape) - 1 and len(shape) > 1)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+@pytest.mark.parametrize("shape,axis", [((4, 16), -1), ((2, 5, 7), 1), ((3, 4, 5), 0)])
+def test_layer_norm(dtype, shape, axis):
+    norm = shape[axis % len(shape) :]
+    attrs = {"axis": axis, "epsilon": 1e-5}
+    _, instrs, _ = compile_check(
+        single_op(ops.LayerNormOp, [(shape, dtype), (norm, dtype), (norm, dtype)], attrs)
+    )
+    seq = [i.op + (f".{i.func}" if "func" in i.fields else "") for i in instrs if i.engine == 1]
+    tile = seq[seq.index("vred.sum") :]
+    assert tile[:11] == [
+        "vred.sum", "vbini.div", "vbin.sub", "vbin.mul", "vred.sum", "vbini.div", "vbini.add",
+        "vun.rsqrt", "vbin.mul", "vbin.mul", "vbin.add",
+    ]  # fmt: skip
+
+
+REDUCTIONS = [
+    ((4, 16), [-1], True), ((2, 5, 7), [1], False), ((3, 4, 5), [0, 2], True), ((3, 4, 5), [0, 1], False),
+    ((2, 3, 4, 5), [1, 3], True), ((2, 3), [0, 1], False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "i32"])
+@pytest.mark.parametrize("cls", [ops.ReduceSumOp, ops.ReduceMeanOp, ops.ReduceMaxOp])
+def test_reductions(dtype, cls):
+    if cls is ops.ReduceMeanOp and dtype == "i32":
+        return  # reduce_mean is float-only
+    for shape, axes, keepdims in REDUCTIONS:
+        compile_check(single_op(cls, [(shape, dtype)], {"axes": axes, "keepdims": keepdims}))
+
+
+@pytest.mark.parametrize("double_buffer", [True, False])
+def test_rows_tile_under_a_small_sram(double_buffer):
+    kw = dict(double_buffer=double_buffer, overrides=["sram.size_bytes=4096"])
+    for cls, shapes, attrs in [
+        (ops.SoftmaxOp, [((50, 64), "f32")], {"axis": -1}),
+        (ops.SoftmaxOp, [((3, 20, 40), "f16")], {"axis": 1}),
+        (ops.LayerNormOp, [((40, 96), "f32"), ((96,), "f32"), ((96,), "f32")], {"axis": -1, "epsilon": 1e-5}),
+        (ops.ReduceMeanOp, [((4, 30, 50), "f32")], {"axes": [1], "keepdims": True}),
+    ]:
+        _, instrs, _ = compile_check(single_op(cls, shapes, attrs), **kw)
+        assert mnemonics(instrs).count("store") > 1
+
+
+@pytest.mark.parametrize("target", ["mcp2026-a100", "mcp2026-a10", "mcp2026-edge"])
+def test_every_target(target):
+    compile_check(single_op(ops.SoftmaxOp, [((64, 64), "f32")], {"axis": -1}), target=target)
+    shapes = [((64, 256), "f16"), ((256,), "f16"), ((256,), "f16")]
+    compile_check(single_op(ops.LayerNormOp, shapes, {"axis": -1, "epsilon": 1e-5}), target=target)
+
+
+def test_row_too_long_for_sram_is_a_pass_error():
+    m = single_op(ops.SoftmaxOp, [((2, 4096), "f32")], {"axis": -1})
+    with pytest.raises(PassError, match="mcp.softmax"):
+        compile_to_program(m, load_target("mcp2026-edge", ["sram.size_bytes=16384"]))
+
+
+def test_reduction_over_an_empty_axis_is_refused():
+    m = single_op(ops.ReduceSumOp, [((3, 0), "f32")], {"axes": [1], "keepdims": False})
+    with pytest.raises(UnsupportedError, match="zero elements"):
+        compile_to_program(m, load_target("mcp2026-edge"))
