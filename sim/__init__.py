@@ -1,1 +1,8 @@
+"""The MCP 2026 simulator: runs a .mcpb and profiles it (docs/simulator.md).
 
+Modules: ``api`` (load_program, run_program, random_inputs), ``loader`` (verify, decode once,
+precompute), ``decode`` (fast table-driven decoder), ``machine`` (memories, typed views),
+``execute`` (one handler per mnemonic), ``timing`` (cycle costs, the event loop over the LD/EX/ST
+queues), ``profile`` (counters, attribution, trace), ``summary`` (rich tables), ``cli`` (``sim run``).
+Importing this package is light; it never imports onnx or the compiler.
+"""
