@@ -388,16 +388,12 @@ def lower_gather(op, ctx: LoweringContext) -> list[Kernel]:
     for _ in range(ctx.in_slots - 1):  # an empty load per extra slot: the EX -> LD barrier
         steps.append(Step(loads=[ctx.emitter.emit("load", sram=raw.base)]))
     row = post * esz
-    left = ctx.sram_budget - arena.peak
-    budget_rows = fit_count(
-        lambda r: ctx.in_slots * -(-r * row // ctx.align) * ctx.align <= left, min(count, U20)
-    )
-    tc = row if budget_rows else max(1, (left // ctx.in_slots - ctx.align) // esz * esz)
-    tc = min(tc, U24 // esz * esz)
-    ti = max(1, min(budget_rows, overlap_cap(count, count * row))) if budget_rows else 1
-    if tc <= 0:
+    slot_bytes = (ctx.sram_budget - arena.peak) // ctx.in_slots // ctx.align * ctx.align
+    if slot_bytes <= 0:
         raise PassError(f"backend: {op.describe()}: no SRAM left for gathered rows")
-    ring = arena.ring(ctx.in_slots, ti * min(tc, row), "gathered rows")
+    tc = min(row, slot_bytes, U24)  # bytes of each row per gather (a DMA may split rows anywhere)
+    ti = max(1, min(count, U20, slot_bytes // tc, overlap_cap(count, count * row)))
+    ring = arena.ring(ctx.in_slots, ti * tc, "gathered rows")
     rank = len(steps)
     for p in range(pre):
         table = dp + p * n * row

@@ -152,6 +152,9 @@ def test_shape_ops_tile_under_a_small_sram(double_buffer):
         assert mnemonics(instrs).count("store") > 1
     m, inputs = _gather((50, 96), (40,), "i32", 0, list(range(-20, 20)))
     compile_check(m, inputs, **kw)
+    m, inputs = _gather((10, 3000), (5,), "i64", 0, [1, -1, 9, 0, -10])  # rows larger than a slot
+    _, instrs, _ = compile_check(m, inputs, **kw)
+    assert mnemonics(instrs).count("gather") > 5
 
 
 def test_reshape_aliases_without_code():
