@@ -97,3 +97,10 @@ def test_reduction_over_an_empty_axis_is_refused():
     m = single_op(ops.ReduceSumOp, [((3, 0), "f32")], {"axes": [1], "keepdims": False})
     with pytest.raises(UnsupportedError, match="zero elements"):
         compile_to_program(m, load_target("mcp2026-edge"))
+
+
+def test_compiling_twice_gives_identical_bytes():
+    shapes = [((3, 20, 40), "f16")]
+    a = compile_to_program(single_op(ops.SoftmaxOp, shapes, {"axis": 1}), load_target("mcp2026-edge"))
+    b = compile_to_program(single_op(ops.SoftmaxOp, shapes, {"axis": 1}), load_target("mcp2026-edge"))
+    assert a.text == b.text and a.memory_map == b.memory_map and a.debug == b.debug
