@@ -38,12 +38,15 @@ _NO_CODE = (ConstantOp, ReturnOp, *ALIAS_OPS)
 
 @dataclass(frozen=True)
 class BackendOptions:
-    """Backend settings.  ``double_buffer``: two SRAM slots per kernel input/output so loads
-    overlap compute (False: one slot, for comparison).  ``precision`` / ``rtol`` / ``atol``
-    override what META records (default: ``module.attrs["precision"]`` and its tolerances);
+    """Backend settings.
+
+    ``double_buffer``: two SRAM slots per kernel input/output so loads overlap compute (False:
+    one slot, for comparison); None follows ``module.attrs["double_buffer"]`` (set by the
+    tile-matmul pass option), default True.  ``precision`` / ``rtol`` / ``atol`` override what
+    META records (default: ``module.attrs["precision"]`` and its tolerances);
     ``passes`` and ``source_model`` are recorded in META as given."""
 
-    double_buffer: bool = True
+    double_buffer: bool | None = None
     precision: str | None = None
     rtol: float | None = None
     atol: float | None = None
@@ -107,7 +110,10 @@ def compile_to_program(
             f"{target.dram.size_bytes}"
         )
     em = Emitter(target)
-    ctx = LoweringContext(target, em, opts.double_buffer, plan.placements, plan.constants)
+    double_buffer = opts.double_buffer
+    if double_buffer is None:
+        double_buffer = bool(module.attrs.get("double_buffer", True))
+    ctx = LoweringContext(target, em, double_buffer, plan.placements, plan.constants)
     text: list[Instr] = []
     debug: list[dict] = []
     entries, io = [], {}
@@ -135,7 +141,7 @@ def compile_to_program(
         "tolerances": tol,
         "passes": list(opts.passes),
         "source_model": opts.source_model,
-        "double_buffer": opts.double_buffer,
+        "double_buffer": double_buffer,
     }
     memory_map = {
         "dram_size": plan.size,

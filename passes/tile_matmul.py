@@ -139,9 +139,14 @@ class TileMatmulPass(Pass):
     otherwise).  Guarantees: every matmul has ``tile = [tm, tn, tk]`` with 1 <= t <= its dim
     (<= 65535), whose double-buffered kernel fits the target's SRAM; results change only by the
     f32 accumulation order.  Re-running gives the same tiles (a function of shapes and target).
+
+    Option ``double-buffer`` (default true) is recorded as ``module.attrs["double_buffer"]``,
+    which the backend follows unless its own ``BackendOptions.double_buffer`` is set.  Tiles are
+    chosen for double-buffered slots either way, so turning it off changes time, never bits.
     """
 
     name: ClassVar[str] = "tile-matmul"
+    double_buffer: bool = True
 
     def apply(self, module: Module, ctx: PassContext) -> Module:
         target = ctx.target
@@ -162,4 +167,5 @@ class TileMatmulPass(Pass):
             except PassError as exc:
                 raise PassError(f"{exc.message} ({op.describe()})") from None
             op.attrs["tile"] = [int(t) for t in tile]
+        module.attrs["double_buffer"] = self.double_buffer
         return module

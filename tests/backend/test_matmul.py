@@ -178,3 +178,20 @@ def test_double_buffering_off_adds_cycles(target_name):
     _, _, on = efficiency(target_name, (256, 1024, 2048))
     _, _, off = efficiency(target_name, (256, 1024, 2048), double_buffer=False)
     assert off["cycles"] > on["cycles"] * 1.1
+
+
+def test_pass_option_turns_double_buffering_off_without_changing_bits():
+    from mcpc.passes import build_pipeline
+
+    target = load_target("mcp2026-a10")
+    runs = []
+    for text in ("tile-matmul", "tile-matmul{double-buffer=false}"):
+        mod = matmul_module((256, 1024), (1024, 512), "f16")
+        for p in build_pipeline(text):
+            p.apply(mod, PassContext(target=target))
+        prog, res, _ = run(mod, target)
+        runs.append((mod.main.ops[0].attrs["tile"], prog.meta["double_buffer"], res))
+    (tile_on, db_on, on), (tile_off, db_off, off) = runs
+    assert tile_on == tile_off and (db_on, db_off) == (True, False)
+    assert off.profile["cycles"] > on.profile["cycles"]
+    assert np.array_equal(on.outputs["y"].view(np.uint8), off.outputs["y"].view(np.uint8))
