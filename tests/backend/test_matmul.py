@@ -189,7 +189,7 @@ def test_pass_option_turns_double_buffering_off_without_changing_bits():
         mod = matmul_module((256, 1024), (1024, 512), "f16")
         for p in build_pipeline(text):
             p.apply(mod, PassContext(target=target))
-        prog, res, _ = run(mod, target)
+        prog, res, _ = run(mod, target, double_buffer=None)  # None: follow the module attribute
         runs.append((mod.main.ops[0].attrs["tile"], prog.meta["double_buffer"], res))
     (tile_on, db_on, on), (tile_off, db_off, off) = runs
     assert tile_on == tile_off and (db_on, db_off) == (True, False)
