@@ -66,10 +66,10 @@ def convert_function(func: Function, target: DType) -> None:
             else:
                 new_ops.append(op)
             continue
-        if op.IS_TERMINATOR:
+        if op.IS_TERMINATOR:  # casts back to the declared result types, named after the outputs
             op.operands = [
-                n if n.type.dtype == o.type.dtype else cast(n, o.type.dtype, op.loc)
-                for n, o in zip(operands, op.operands, strict=True)
+                n if n.type.dtype == o.type.dtype else cast(n, o.type.dtype, op.loc or name)
+                for n, o, name in zip(operands, op.operands, func.result_names, strict=True)
             ]
             new_ops.append(op)
             continue
