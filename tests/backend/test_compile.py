@@ -9,11 +9,11 @@ from mcpc.arch.mcpb import program_bytes, read_mcpb, write_mcpb
 from mcpc.arch.target import load_target
 from mcpc.backend import BackendOptions, compile_report, compile_to_program
 from mcpc.backend.compile import ONNX_DTYPES, check_lowerable
+from mcpc.backend.lowering import LOWERINGS, load_lowerings
 from mcpc.errors import UnsupportedError
 from mcpc.ir import DTYPES, Function, Module, TensorType
-from mcpc.ir.core import Attr, Operation
 from mcpc.ir.interpreter import interpret
-from mcpc.ir.ops import AddOp, ConstantOp, MatMulOp, ReluOp, ReshapeOp, ReturnOp
+from mcpc.ir.ops import AddOp, ConstantOp, MatMulOp, ReluOp, ReshapeOp, ReturnOp, SoftmaxOp
 from mcpc.passes import PassContext
 from mcpc.passes.tile_matmul import TileMatmulPass
 from mcpc.sim.api import from_program, load_program, run_program
@@ -148,26 +148,17 @@ def test_several_functions_become_entries():
         assert np.array_equal(out["y"], interpret(m, x, func=entry)["y"])
 
 
-class _NoLoweringOp(Operation):
-    """An op only this test defines: no backend lowering exists for it."""
-
-    name = "mcp.test_unlowered"
-    NUM_OPERANDS = 1
-    ATTRS = {"note": Attr("str", "")}
-
-    @classmethod
-    def infer_types(cls, operand_types, attrs):
-        return [operand_types[0]]
-
-
-def test_op_without_lowering_is_unsupported_naming_op_and_node():
-    f = Function("main", [TensorType((4,), F32)], ["x"])
-    y = f.append(_NoLoweringOp([f.args[0]], loc="/layers.0/Mystery")).result
+def test_op_without_lowering_is_unsupported_naming_op_and_node(monkeypatch):
+    # Hide the softmax lowering (every real op has one): the error must name the op and the node.
+    load_lowerings()
+    monkeypatch.delitem(LOWERINGS, SoftmaxOp)
+    f = Function("main", [TensorType((4, 8), F32)], ["x"])
+    y = f.append(SoftmaxOp([f.args[0]], loc="/layers.0/Softmax")).result
     f.append(ReturnOp([y]))
     f.result_names = ["y"]
     m = Module("m")
     m.add_function(f)
-    with pytest.raises(UnsupportedError, match=r"mcp.test_unlowered \(ONNX node '/layers.0/Mystery'\)"):
+    with pytest.raises(UnsupportedError, match=r"mcp.softmax \(ONNX node '/layers.0/Softmax'\)"):
         check_lowerable(m)
     with pytest.raises(UnsupportedError, match="no lowering"):
         compile_to_program(m, load_target("mcp2026-edge"))
