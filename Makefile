@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.mcpc-installed
 OUT    ?= out
 # The bundled example compiled by `make demo` (`mcpc examples build` writes NAME.onnx + NAME.npz).
-DEMO   ?= mlp
+DEMO   ?= encoder_block
 
 .PHONY: demo test test-all lint venv clean
 

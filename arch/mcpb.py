@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import struct
-import tempfile
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mcpc.errors import EncodeError, InputError
+from mcpc.fileio import write_atomic
 
 from .isa import INSTR_BYTES, Instr, decode_program
 
@@ -159,18 +159,7 @@ def program_bytes(program: Program) -> bytes:
 
 def write_mcpb(path: str | os.PathLike, program: Program) -> None:
     """Write ``program`` atomically: a temp file in the same folder, then os.replace."""
-    path = Path(path)
-    chunks = _chunks(program)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            for chunk in chunks:
-                fh.write(chunk)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, _chunks(program))
 
 
 class _Reader:

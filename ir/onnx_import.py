@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from mcpc.errors import InputError, McpcError, UnsupportedError
+from mcpc.errors import InputError, InternalError, McpcError, UnsupportedError
 from mcpc.ir import ops_nn, ops_shape  # noqa: F401  (registers the ops the handlers emit)
 from mcpc.ir.core import Function, Module, Operation, Value
 from mcpc.ir.dtypes import I32, I64, DType, dtype_from_numpy
@@ -45,7 +45,7 @@ _DEFAULT_DOMAINS = ("", "ai.onnx")
 _SHAPE_DATA_MAX_ELEMENTS = 4096  # initializers this small are kept for ONNX's data propagation
 
 
-class ImporterBug(McpcError):
+class ImporterBug(InternalError):
     """Our own type inference disagrees with ONNX's: a bug in the importer (exit code 70)."""
 
 

@@ -8,8 +8,6 @@ written completely (temp file + ``os.replace``) or not touched.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +15,7 @@ from typing import Any, TextIO
 
 from mcpc import __version__
 from mcpc.errors import ConfigError, InputError, UnsupportedError, UsageError
+from mcpc.fileio import write_atomic
 
 DEFAULT_TARGET = "mcp2026-a100"
 DEFAULT_QAT_CONFIG = "fp16.yaml"
@@ -38,27 +37,6 @@ class CompileResult:
     output: Path | None
     report: dict[str, Any]
     pass_manager: Any = field(repr=False, default=None)
-
-
-def write_atomic(path: str | Path, data: str | bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same directory and ``os.replace``.
-
-    Guarantees a reader never sees a partial file and an exception leaves ``path`` untouched.
-    Raises InputError when the directory does not exist or is not writable.
-    """
-    path = Path(path)
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot write output: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def default_output(model_path: str | Path, emit: str) -> Path:

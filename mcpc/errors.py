@@ -56,6 +56,10 @@ class UnsupportedError(McpcError):
     exit_code = EXIT_UNSUPPORTED
 
 
+class InternalError(McpcError):
+    """A bug in the toolchain itself (an invariant of ours broke); exit 70, "please report"."""
+
+
 class VerifyError(McpcError):
     """The IR violates an op's invariants; names the op.  Internal when raised after a pass."""
 

@@ -17,13 +17,13 @@ small biases, so activations stay O(1) and attention is not uniform: well-condit
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from mcpc.fileio import write_atomic_with
 
 _NEG = -1e9  # masked attention logit (saturates to the dtype's lowest finite value in f16 builds)
 
@@ -200,18 +200,6 @@ def decoder_block(hidden: int = 256, heads: int = 4, opset: int = 17, seed: int 
     return b.model("decoder_block", [x_info], [y_info], opset)
 
 
-def _write_atomic(path: Path, write) -> Path:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def build_examples(out_dir: str | Path, seed: int = 0, decoder_seq: int = 32) -> list[Path]:
     """Write ``mlp``, ``encoder_block`` and ``decoder_block`` as ``NAME.onnx`` plus ``NAME.npz``
     (random inputs keyed by input name; the decoder's for ``--dim seq=decoder_seq``) into
@@ -238,8 +226,8 @@ def build_examples(out_dir: str | Path, seed: int = 0, decoder_seq: int = 32) ->
     }
     written = []
     for name, (model, inputs) in models.items():
-        written.append(_write_atomic(out / f"{name}.onnx", lambda p, m=model: onnx.save(m, p)))
-        written.append(_write_atomic(out / f"{name}.npz", lambda p, i=inputs: _save_npz(p, i)))
+        written.append(write_atomic_with(out / f"{name}.onnx", lambda p, m=model: onnx.save(m, p)))
+        written.append(write_atomic_with(out / f"{name}.npz", lambda p, i=inputs: _save_npz(p, i)))
     return written
 
 

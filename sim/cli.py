@@ -10,30 +10,13 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import tempfile
 import zipfile
 from pathlib import Path
 
 import click
 
 from mcpc.errors import McpcError, UsageError
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent or "."))
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+from mcpc.fileio import write_atomic
 
 
 def _json_bytes(obj) -> bytes:
@@ -136,14 +119,14 @@ def run_command(program, inputs_path, random_inputs, seed, outputs_path, profile
         inputs = {}
     result = run_program(loaded, inputs, entry=entry, trace=trace_path is not None)
     if outputs_path:
-        _atomic_write(outputs_path, _npz_bytes(result.outputs))
+        write_atomic(outputs_path, _npz_bytes(result.outputs))
     if profile_json:
-        _atomic_write(profile_json, _json_bytes(result.profile))
+        write_atomic(profile_json, _json_bytes(result.profile))
     if trace_path:
         doc = {
             "traceEvents": result.trace_events,
             "displayTimeUnit": "ns",
             "otherData": {"program": program.name, "target": loaded.target.name, "entry": entry},
         }
-        _atomic_write(trace_path, json.dumps(doc, separators=(",", ":")).encode("utf-8"))
+        write_atomic(trace_path, json.dumps(doc, separators=(",", ":")).encode("utf-8"))
     render_summary(result.profile, Console(soft_wrap=True, highlight=False), source=program.name)

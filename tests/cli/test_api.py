@@ -55,3 +55,14 @@ def test_compile_module_without_output_writes_nothing(tmp_path):
     assert [t["pass"].split("{")[0] for t in written.report["pass_times"]] == [
         p.split("{")[0] for p in written.report["pipeline"]
     ]
+
+
+def test_written_files_get_the_usual_permissions(tmp_path):
+    import os
+
+    old = os.umask(0o022)
+    try:
+        path = write_atomic(tmp_path / "p.bin", b"x")
+    finally:
+        os.umask(old)
+    assert (path.stat().st_mode & 0o777) == 0o644  # not mkstemp's 0600
