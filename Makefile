@@ -7,6 +7,8 @@ STAMP  := $(VENV)/.mcpc-installed
 OUT    ?= out
 # The bundled example compiled by `make demo` (`mcpc examples build` writes NAME.onnx + NAME.npz).
 DEMO   ?= encoder_block
+# Extra mcp-compile flags for the demo, e.g. COMPILE_FLAGS="--dim seq=32" for decoder_block.
+COMPILE_FLAGS ?=
 
 .PHONY: demo test test-all lint venv clean
 
@@ -21,7 +23,7 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/mcpc examples build $(OUT)
-	$(BIN)/mcp-compile -o $(OUT)/$(DEMO).mcpb $(OUT)/$(DEMO).onnx
+	$(BIN)/mcp-compile $(COMPILE_FLAGS) -o $(OUT)/$(DEMO).mcpb $(OUT)/$(DEMO).onnx
 	$(BIN)/mcpc sim run $(OUT)/$(DEMO).mcpb --inputs $(OUT)/$(DEMO).npz --outputs $(OUT)/$(DEMO).outputs.npz
 	$(BIN)/mcpc check $(OUT)/$(DEMO).onnx $(OUT)/$(DEMO).mcpb --inputs $(OUT)/$(DEMO).npz
 
