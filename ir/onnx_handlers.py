@@ -123,6 +123,23 @@ def _unary(ctx, ins):
     return [ctx.emit(_UNARY[ctx.node.op_type], ins[:1])]
 
 
+@handles("Clip")
+def _clip(ctx, ins):
+    # opset ≥ 11: y = min(max(x, lo), hi), bounds optional; with lo > hi every element is hi, as in
+    # numpy.clip (ONNX's reference) — max then min gives exactly that, and NaN propagates through both
+    y = ins[0]
+    for bound, op in (
+        (ins[1] if len(ins) > 1 else None, ops.MaxOp),
+        (ins[2] if len(ins) > 2 else None, ops.MinOp),
+    ):
+        if bound is None:
+            continue
+        if ctx.shape(bound):  # the spec says scalar; exporters also write shape [1]
+            bound = _reshape(ctx, bound, ())
+        y = ctx.emit(op, [y, bound])
+    return [y]
+
+
 @handles("Pow")
 def _pow(ctx, ins):
     base, exp = ins

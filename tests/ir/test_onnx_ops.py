@@ -91,6 +91,18 @@ CASES = [
     Case("min2", "Min", {"a": f(2, 3), "b": f(2, 1)}),
     Case("max3", "Max", {"a": f(2, 3), "b": f(3), "c": f(2, 3)}),
     Case("sum3", "Sum", {"a": f(2, 3), "b": f(3), "c": f(2, 3)}),
+    Case("clip", "Clip", {"x": f(3, 4)}, {"lo": np.float32(-0.5), "hi": np.float32(0.5)}),
+    Case("clip_min_only", "Clip", {"x": f(3, 4)}, {"lo": np.float32(1e-9)}, order=["x", "lo"]),
+    Case("clip_max_only", "Clip", {"x": f(3, 4)}, {"hi": np.float32(0.1)}, order=["x", "", "hi"]),
+    Case("clip_none", "Clip", {"x": f(3, 4)}, order=["x"]),
+    Case("clip_lo_above_hi", "Clip", {"x": f(3, 4)}, {"lo": np.float32(1.0), "hi": np.float32(-1.0)}),
+    Case(
+        "clip_bounds_as_inputs",
+        "Clip",
+        {"x": f(3, 4), "lo": np.array(-0.2, np.float32), "hi": np.array(0.3, np.float32)},
+    ),
+    Case("clip_int64", "Clip", {"x": i64(-9, -1, 0, 4, 12)}, {"lo": np.int64(-2), "hi": np.int64(5)}),
+    Case("clip_f16", "Clip", {"x": f(3, 4).astype(np.float16)}, {"lo": np.float16(-1), "hi": np.float16(1)}),
     Case(
         "equal_float", "Equal", {"a": np.array([1, 2, 3], np.float32), "b": np.array([1, 0, 3], np.float32)}
     ),
