@@ -327,7 +327,15 @@ class _Importer:
             else:
                 ins.append(self.env[name])
         default = node.domain in _DEFAULT_DOMAINS
-        outs = (HANDLERS[node.op_type] if default else DOMAIN_HANDLERS[node.domain, node.op_type])(self, ins)
+        try:
+            outs = (HANDLERS[node.op_type] if default else DOMAIN_HANDLERS[node.domain, node.op_type])(
+                self, ins
+            )
+        except ValueError as e:
+            # shape arithmetic in a handler (broadcast, axis) rejects this node under the bound dims:
+            # e.g. a sequence longer than the model's position table; the user's input, not our bug
+            shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in self.bound.items())
+            raise InputError(f"{self.where()}: {e} (with inputs bound as {shapes})") from None
         for name, term in zip(node.output, outs, strict=False):
             if name:
                 self.env[name] = term

@@ -93,6 +93,22 @@ def test_binding_errors():
         import_onnx(model, shapes={"x": (1, 4, 32)}, dims={"seq": 8})
 
 
+def test_bound_dims_the_model_cannot_take_are_an_input_error():
+    # a position table of 4 rows sliced to seq and expanded like an exported BERT's position ids:
+    # binding seq beyond the table is the user's mistake, named at the node, never an internal error
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], name="shape"),
+        helper.make_node("Expand", ["pos", "s"], ["y"], name="/embeddings/Expand"),
+    ]
+    pos = numpy_helper.from_array(np.arange(4, dtype=np.int64).reshape(1, 4), "pos")
+    model = make_model(
+        nodes, [vi("x", [1, "seq"], TensorProto.INT64)], [vi("y", [1, "seq"], TensorProto.INT64)], [pos]
+    )
+    assert import_onnx(model, dims={"seq": 4}).functions["main"] is not None
+    with pytest.raises(InputError, match=r"'/embeddings/Expand' \(op_type Expand.*do not broadcast.*x=1x6"):
+        import_onnx(model, dims={"seq": 6})
+
+
 def test_unsupported_nodes_are_all_listed():
     nodes = [
         helper.make_node("Relu", ["x"], ["a"], name="ok"),
