@@ -1,0 +1,191 @@
+"""Machine facts and the markdown rendering of a benchmark run.
+
+``machine_facts()`` records what the numbers depend on (CPU, cores, library versions, BLAS and
+ONNX Runtime threads, the OpenBLAS environment variables, which it reads and never changes).
+``render_markdown(results)`` turns the JSON document into tables; it reads only that document.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+# Environment variables that change BLAS or ONNX Runtime speed: recorded as found, never set.
+ENV_KEYS = (
+    "OPENBLAS_CORETYPE",
+    "OPENBLAS_L2_SIZE",
+    "OPENBLAS_NUM_THREADS",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _blas() -> dict:
+    """numpy's BLAS: name, version, build configuration and (OpenBLAS) its thread count and core."""
+    info: dict = {}
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        info = {k: blas.get(k) for k in ("name", "version", "openblas configuration") if blas.get(k)}
+    except (KeyError, TypeError):
+        pass
+    try:  # the loaded OpenBLAS library, found through this process's memory map
+        with open("/proc/self/maps") as f:
+            libs = sorted({ln.split()[-1] for ln in f if "openblas" in ln.lower() and ".so" in ln})
+    except OSError:
+        libs = []
+    for path in libs:
+        lib = ctypes.CDLL(path)
+        for prefix, suffix in (("scipy_", "64_"), ("", "64_"), ("", "")):
+            get_threads = getattr(lib, f"{prefix}openblas_get_num_threads{suffix}", None)
+            if get_threads is None:
+                continue
+            info["threads"] = int(get_threads())
+            corename = getattr(lib, f"{prefix}openblas_get_corename{suffix}", None)
+            if corename is not None:
+                corename.restype = ctypes.c_char_p
+                info["core"] = corename().decode()
+            return info
+    return info
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
+
+
+def machine_facts() -> dict:
+    """What the wall times depend on, JSON-ready."""
+    import onnx
+    import onnxruntime as ort
+
+    import mcpc
+
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    return {
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "usable_cores": usable,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": ort.__version__,
+        "onnxruntime_threads": "default (intra-op pool sized by ONNX Runtime, one per core)",
+        "mcpc": mcpc.__version__,
+        "git_commit": _git_commit(),
+        "blas": _blas(),
+        "env": {k: os.environ.get(k) for k in ENV_KEYS},
+        "executable": Path(sys.executable).name,
+    }
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.1f}" if s >= 1e-3 else f"{s * 1e3:.3f}"
+
+
+def _bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _row(cells) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _table(header, rows) -> list[str]:
+    aligns = ["---" if i < 4 else "---:" for i in range(len(header))]
+    return [_row(header), _row(aligns), *(_row(r) for r in rows)]
+
+
+def render_markdown(doc: dict) -> str:
+    """A markdown report of ``doc`` (the benchmark JSON): facts, simulated roofline, toolchain speed."""
+    facts, res = doc["facts"], doc["results"]
+    blas = facts.get("blas", {})
+    env = ", ".join(f"{k}={v}" for k, v in facts["env"].items() if v is not None) or "none set"
+    lines = [
+        "# mcpc benchmark",
+        "",
+        f"Command: `{doc['command']}`  ",
+        f"Date: {doc['date']} · total wall time {doc['wall_s']:.0f} s · repeats {doc['repeats']} "
+        "(median; one warm-up pass excluded)",
+        "",
+        f"Machine: {facts['cpu_model']}, {facts['usable_cores']} usable cores "
+        f"({facts['cpu_count']} online) · Python {facts['python']} · numpy {facts['numpy']} "
+        f"(BLAS {blas.get('name', '?')} {blas.get('version', '')}, {blas.get('threads', '?')} threads, "
+        f"core {blas.get('core', '?')}) · onnxruntime {facts['onnxruntime']} · onnx {facts['onnx']} · "
+        f"mcpc {facts['mcpc']} ({facts.get('git_commit') or 'no git'})  ",
+        f"Environment: {env}",
+        "",
+        "## Simulated performance and accuracy",
+        "",
+        "MAC % and DRAM % are the achieved rates as a fraction of the target's peaks (the roofline);",
+        "`bound` is the profile's verdict (`latency` = more than twice the larger roof).  Error is",
+        "max|y − r| / max|r| against ONNX Runtime (graph optimizations off).",
+        "",
+    ]
+    header = ["case", "size", "target", "build", "cycles", "latency µs", "MAC %", "DRAM %", "bound"]
+    header += ["DRAM bytes", "peak SRAM", "top node (share)", "norm max err", "cosine"]
+    rows = []
+    for r in res:
+        s, a = r["sim"], r["accuracy"]
+        top = s["top_nodes"][0] if s["top_nodes"] else None
+        rows.append(
+            [r["case"], r["size"], r["target"], r["build"], f"{s['cycles']:,}", f"{s['latency_us']:.1f}"]
+            + [f"{s['mac_pct_of_peak']:.1f}", f"{s['dram_pct_of_peak']:.1f}", s["bound"]]
+            + [_bytes(s["dram_bytes"]), _bytes(s["peak_sram_bytes"])]
+            + [f"{top['op_type']} {top['name']} ({top['share']:.0%})" if top else "-"]
+            + [f"{a['norm_max_err']:.2e}", f"{a['cosine']:.6f}"]
+        )
+    lines += _table(header, rows)
+    lines += [
+        "",
+        "## Toolchain speed",
+        "",
+        "Wall times in ms (median).  `sim/ORT` = simulator run time / ONNX Runtime CPU inference time",
+        "of the same model on the same inputs: how much slower simulating it is than running it here.",
+        "",
+    ]
+    header = ["case", "size", "target", "build", "import", "passes", "backend", "sim load", "sim run"]
+    header += ["sim instr/s", "ORT", "sim/ORT"]
+    rows = []
+    for r in res:
+        t = r["toolchain"]
+        rows.append(
+            [r["case"], r["size"], r["target"], r["build"]]
+            + [_ms(t[k]) for k in ("import_s", "passes_s", "backend_s", "sim_load_s", "sim_run_s")]
+            + [f"{t['sim_instructions_per_s']:,.0f}", _ms(r["ort"]["median_s"]), f"{r['sim_over_ort']:.1f}×"]
+        )
+    lines += _table(header, rows)
+    return "\n".join(lines) + "\n"

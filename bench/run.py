@@ -1,0 +1,128 @@
+"""mcpc benchmark: toolchain speed against ONNX Runtime and simulated performance against the roofline.
+
+    python bench/run.py [--quick] [--repeats N] [--targets T,...] [--builds fp32,fp16]
+                        [--cases NAME,...] [-o bench/results.json] [--markdown bench/results.md]
+
+For the bundled example models (two sizes each) and the roofline probes (square matmul at array
+multiples, one-row matmul, large elementwise add), on every shipped target and build, one run
+measures the toolchain wall times (import, passes, backend, simulator load and run; median of
+``--repeats`` after a warm-up), ONNX Runtime's CPU inference time on the same model and inputs,
+the simulated cycles and roofline fractions, and the accuracy against ONNX Runtime.  It writes a
+JSON document and a markdown report (both atomically) with the machine facts and the command.
+
+Exit codes: 0 done, 2 usage error, and the ``mcpc.errors`` code of any toolchain error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules beside this script
+
+from bench_cases import model_cases, probe_cases  # noqa: E402
+from bench_measure import measure_case  # noqa: E402
+from bench_report import machine_facts, render_markdown  # noqa: E402
+
+from mcpc.arch.target import list_targets, load_target  # noqa: E402
+from mcpc.driver import load_qat_config, write_atomic  # noqa: E402
+from mcpc.errors import McpcError, UsageError  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+BUILDS = ("fp32", "fp16")
+SCHEMA = 1
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bench/run.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="small sizes only (under a minute on 2 cores)")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats per case (median; default 3)")
+    p.add_argument("--targets", type=_csv, default=None, help="comma-separated targets (default: shipped)")
+    p.add_argument("--builds", type=_csv, default=list(BUILDS), help="comma-separated QAT configs")
+    p.add_argument("--cases", type=_csv, default=None, help="only these cases (e.g. mlp,square_matmul)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-o", "--output", type=Path, default=HERE / "results.json", help="JSON results path")
+    p.add_argument("--markdown", type=Path, default=None, help="markdown path (default: OUTPUT with .md)")
+    args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats must be at least 1, got {args.repeats}")
+    for path in (args.output, args.markdown):
+        if path is not None and not path.parent.is_dir():
+            p.error(f"{path}: directory {str(path.parent)!r} does not exist")
+    return args
+
+
+def plan(args: argparse.Namespace) -> list[tuple]:
+    """(case, target name, build) triples in run order; McpcError for an unknown target or build."""
+    targets = [load_target(t) for t in args.targets] if args.targets else list_targets()
+    builds = [load_qat_config(b) for b in args.builds]
+    runs = []
+    for target in targets:
+        for build in builds:
+            # probes in the build's activation dtype when ONNX has it natively, else f32
+            act = build.precision.activations if build.precision.activations in ("f16", "f32") else "f32"
+            cases = model_cases(args.quick) + probe_cases(target, act, args.quick)
+            runs += [(c, target.name, build.name) for c in cases if not args.cases or c.name in args.cases]
+    return runs
+
+
+def run(args: argparse.Namespace, command: str, log=sys.stderr) -> dict:
+    """Measure every planned case and return the JSON document (not yet written)."""
+    runs = plan(args)
+    if not runs:
+        raise UsageError(f"no case matches --cases {','.join(args.cases or [])}")
+    start = time.perf_counter()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="mcpc-bench-") as tmp:
+        for i, (case, target, build) in enumerate(runs, 1):
+            t = time.perf_counter()
+            r = measure_case(case, target, build, Path(tmp), args.repeats, args.seed)
+            results.append(r)
+            s = r["sim"]
+            print(
+                f"[{i}/{len(runs)}] {case.name} {case.size} {target} {build}: {s['cycles']:,} cycles, "
+                f"{s['roof_pct']:.1f} % of roof ({s['bound']}), sim/ORT {r['sim_over_ort']:.1f}x, "
+                f"err {r['accuracy']['norm_max_err']:.1e} ({time.perf_counter() - t:.1f} s)",
+                file=log,
+                flush=True,
+            )
+    return {
+        "schema": SCHEMA,
+        "command": command,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": time.perf_counter() - start,
+        "repeats": args.repeats,
+        "quick": args.quick,
+        "facts": machine_facts(),
+        "results": results,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    command = shlex.join(["python", "bench/run.py", *argv])
+    try:
+        doc = run(args, command)
+    except McpcError as exc:
+        print(f"bench/run.py: error: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    markdown = args.markdown or args.output.with_suffix(".md")
+    write_atomic(args.output, json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    write_atomic(markdown, render_markdown(doc))
+    print(f"wrote {args.output} and {markdown} ({doc['wall_s']:.0f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
