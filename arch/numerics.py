@@ -39,6 +39,7 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
 }
 FLOAT_DTYPES = frozenset({"f32", "f16", "bf16", "f8e4m3fn"})
 _FLOAT_NP = frozenset(NUMPY_DTYPES[n] for n in FLOAT_DTYPES) | {np.dtype(np.float64)}
+_F8_MAX = np.float32(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)  # 448
 
 
 def np_dtype(name: str) -> np.dtype:
@@ -75,7 +76,9 @@ def cast(x: np.ndarray, out: str) -> np.ndarray:
 
     float -> float rounds half to even; float -> int truncates toward zero then wraps like a C
     cast of the f32 value (ONNX Cast leaves out-of-range undefined); int/bool -> any is exact
-    where representable; anything -> i1 is ``x != 0``.
+    where representable; anything -> i1 is ``x != 0``.  f8e4m3fn has no infinity: values beyond
+    ±448 (infinities included) saturate to ±448, NaN stays NaN — ONNX Cast's default
+    ``saturate=1`` and QuantizeLinear's rule.
     """
     target = NUMPY_DTYPES[out]
     if x.dtype == target:
@@ -87,6 +90,8 @@ def cast(x: np.ndarray, out: str) -> np.ndarray:
         x = np.trunc(x.astype(np.float64)).astype(np.int64)
     elif out in ("f16", "bf16", "f8e4m3fn") and x.dtype != np.float32:
         x = x.astype(np.float32)  # one rounding step from f32, as the hardware converts
+    if out == "f8e4m3fn":
+        x = np.clip(x, -_F8_MAX, _F8_MAX)  # a plain cast would turn overflow into NaN
     with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf / wrap is the defined result
         return x.astype(target)
 
