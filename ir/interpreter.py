@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from math import prod
 
+import ml_dtypes
 import numpy as np
 
 from mcpc.arch import numerics as nx
@@ -220,7 +221,8 @@ def _reduce_rows(op: Operation, x: np.ndarray) -> tuple[np.ndarray, int]:
     kept = [i for i in range(x.ndim) if i not in axes]
     count = prod(x.shape[a] for a in axes)
     moved = np.transpose(x, kept + sorted(axes))
-    return np.asarray(moved, order="C").reshape(-1, count), count
+    # explicit row count: reshape(-1, 0) is ambiguous for an empty reduction
+    return np.asarray(moved, order="C").reshape(prod(x.shape[i] for i in kept), count), count
 
 
 @impl(ops.ReduceSumOp)
@@ -239,10 +241,13 @@ def _reduce_mean(op, args):
 @impl(ops.ReduceMaxOp)
 def _reduce_max(op, args):
     x2, count = _reduce_rows(op, args[0])
-    if count == 0:
-        if x2.shape[0]:
-            raise UnsupportedError(f"{op.describe()}: maximum over an empty set of elements is undefined")
-        return [np.empty(op.result.type.shape, dtype=x2.dtype)]
+    if count == 0:  # ONNX (opset 18+): the maximum of no elements is the dtype's lowest value
+        dt, out = x2.dtype, _out(op)
+        if nx.is_float(out):
+            lowest = ml_dtypes.finfo(dt).min if out == "f8e4m3fn" else -np.inf  # f8e4m3fn has no inf
+        else:
+            lowest = ml_dtypes.iinfo(dt).min
+        return [np.full(op.result.type.shape, lowest, dtype=dt)]
     return [nx.row_reduce("max", x2, _out(op)).reshape(op.result.type.shape)]
 
 

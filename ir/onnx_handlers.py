@@ -208,6 +208,9 @@ def _cast_check(node, attrs, opset, used):
                 onnx_dtype(to)
             except UnsupportedError as e:
                 return str(e)
+    if attrs.get("saturate", 1) == 0:
+        # mcp.cast saturates f8 overflow (ONNX's default); saturate=0 asks for NaN instead
+        return "saturate=0 is not supported (casts to f8e4m3fn saturate to ±448)"
     return None
 
 
@@ -380,7 +383,11 @@ def _reduce(ctx, ins):
         axes = list(range(rank))
     if rank == 0:
         return [x]
-    return [ctx.emit(_REDUCE[ctx.node.op_type], [x], {"axes": axes, "keepdims": keepdims})]
+    attrs = {"axes": axes, "keepdims": keepdims}
+    if ctx.dtype(x) == I1 and ctx.node.op_type == "ReduceMax":  # bool max is "any": reduce as u8
+        y = ctx.emit(ops.ReduceMaxOp, [ctx.emit(ops.CastOp, [x], {"to": U8})], attrs)
+        return [ctx.emit(ops.CastOp, [y], {"to": I1})]
+    return [ctx.emit(_REDUCE[ctx.node.op_type], [x], attrs)]
 
 
 # -- shape ---------------------------------------------------------------------------------------
