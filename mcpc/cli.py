@@ -442,6 +442,10 @@ if _has_module("mcpc.check") and _has_module("mcpc.sim.api"):
     cli.add_command(check_command)
 if _has_module("mcpc.examples"):
     cli.add_command(examples_group)
+if _has_module("mcpc.conformance"):
+    from mcpc.conformance import make_command as _conformance_command  # light: imports onnx lazily
+
+    cli.add_command(_conformance_command(GuardedCommand))
 if _has_module("mcpc.sim.cli"):
     from mcpc.sim.cli import sim_group  # light: click only; the simulator loads inside `run`
 
