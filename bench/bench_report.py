@@ -146,7 +146,9 @@ def render_markdown(doc: dict) -> str:
         f"(BLAS {blas.get('name', '?')} {blas.get('version', '')}, {blas.get('threads', '?')} threads, "
         f"core {blas.get('core', '?')}) · onnxruntime {facts['onnxruntime']} · onnx {facts['onnx']} · "
         f"mcpc {facts['mcpc']} ({facts.get('git_commit') or 'no git'})  ",
-        f"Environment: {env}",
+        f"Environment: {env}  ",
+        "Load average (1/5/15 min) before / after the run: "
+        + " / ".join(" ".join(f"{x:.2f}" for x in doc["load_average"][k]) for k in ("before", "after")),
         "",
         "## Simulated performance and accuracy",
         "",

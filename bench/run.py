@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import shlex
 import sys
 import tempfile
@@ -46,7 +47,7 @@ def _csv(text: str) -> list[str]:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/run.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes only (under a minute on 2 cores)")
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats per case (median; default 3)")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats per case (median; default 5)")
     p.add_argument("--targets", type=_csv, default=None, help="comma-separated targets (default: shipped)")
     p.add_argument("--builds", type=_csv, default=list(BUILDS), help="comma-separated QAT configs")
     p.add_argument("--cases", type=_csv, default=None, help="only these cases (e.g. mlp,square_matmul)")
@@ -81,6 +82,8 @@ def run(args: argparse.Namespace, command: str, log=sys.stderr) -> dict:
     runs = plan(args)
     if not runs:
         raise UsageError(f"no case matches --cases {','.join(args.cases or [])}")
+    # Other processes on the machine inflate wall times: the load average says how busy it was.
+    load_before = os.getloadavg()
     start = time.perf_counter()
     results = []
     with tempfile.TemporaryDirectory(prefix="mcpc-bench-") as tmp:
@@ -101,6 +104,7 @@ def run(args: argparse.Namespace, command: str, log=sys.stderr) -> dict:
         "command": command,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "wall_s": time.perf_counter() - start,
+        "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
         "repeats": args.repeats,
         "quick": args.quick,
         "facts": machine_facts(),

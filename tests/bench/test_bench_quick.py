@@ -58,6 +58,7 @@ def test_quick_run_on_mlp_writes_schema(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["schema"] == bench_run.SCHEMA and doc["repeats"] == 1 and doc["quick"] is True
     assert doc["command"].startswith("python bench/run.py --quick")
+    assert len(doc["load_average"]["before"]) == len(doc["load_average"]["after"]) == 3
     facts = doc["facts"]
     for key in ("cpu_model", "usable_cores", "numpy", "onnxruntime", "blas", "env"):
         assert key in facts
