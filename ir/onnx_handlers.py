@@ -339,13 +339,6 @@ def _softmax(ctx, ins):
     return [ctx.emit(ops.SoftmaxOp, ins[:1], {"axis": ctx.attr("axis", -1)})]
 
 
-@check("LayerNormalization")
-def _layer_norm_check(node, attrs, opset, used):
-    if any(name in used for name in node.output[1:]):
-        return "outputs Mean/InvStdDev are used (only output 0 is supported)"
-    return None
-
-
 @handles("LayerNormalization")
 def _layer_norm(ctx, ins):
     x, scale = ins[0], ins[1]
@@ -360,7 +353,20 @@ def _layer_norm(ctx, ins):
         if list(ctx.shape(p)) != norm:
             p = ctx.emit(ops.BroadcastOp, [p], {"shape": norm})
         parts.append(p)
-    return [ctx.emit(ops.LayerNormOp, [x, *parts], {"axis": axis, "epsilon": ctx.attr("epsilon", 1e-5)})]
+    eps = ctx.attr("epsilon", 1e-5)
+    y = ctx.emit(ops.LayerNormOp, [x, *parts], {"axis": axis, "epsilon": eps})
+    if not any(ctx.node.output[1:]):
+        return [y]
+    # Mean and InvStdDev (training-style outputs) in the stash type, from separate reductions with
+    # the same steps as mcp.layer_norm: mean, d = x - mean, var = mean(d*d), rsqrt(var + eps)
+    stash = onnx_dtype(ctx.attr("stash_type", _T.FLOAT))
+    xs = x if ctx.dtype(x) == stash else ctx.emit(ops.CastOp, [x], {"to": stash})
+    axes = {"axes": list(range(axis, len(shape))), "keepdims": True}
+    mean = ctx.emit(ops.ReduceMeanOp, [xs], axes)
+    d = ctx.emit(ops.SubOp, [xs, mean])
+    var = ctx.emit(ops.ReduceMeanOp, [ctx.emit(ops.MulOp, [d, d])], axes)
+    inv = ctx.emit(ops.RsqrtOp, [ctx.emit(ops.AddOp, [var, np.array(eps, dtype=stash.np_dtype)])])
+    return [y, mean, inv]
 
 
 _REDUCE = {"ReduceMean": ops.ReduceMeanOp, "ReduceSum": ops.ReduceSumOp, "ReduceMax": ops.ReduceMaxOp}

@@ -74,3 +74,21 @@ def test_reduce_max_on_bool_is_any():
     x = np.array([[1, 1], [1, 0], [0, 1], [0, 0]], dtype=np.bool_)
     y = _run(model, {"x": x})["y"]
     np.testing.assert_array_equal(y, x.any(axis=1, keepdims=True))
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_layer_norm_mean_and_inv_std_dev_outputs(axis, ort_run):
+    # test_layer_normalization_*: the optional Mean / InvStdDev outputs (keepdims over axis..end)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 3, 5)).astype(np.float32)
+    norm = [2, 3, 5][axis:] if axis >= 0 else [5]
+    stat = [1 if i >= axis % 3 else d for i, d in enumerate((2, 3, 5))]
+    w = helper.make_tensor("w", TensorProto.FLOAT, norm, rng.standard_normal(norm).ravel())
+    node = helper.make_node("LayerNormalization", ["x", "w"], ["y", "m", "r"], axis=axis, epsilon=1e-3)
+    model = make_model(
+        [node], [vi("x", [2, 3, 5])], [vi("y", [2, 3, 5]), vi("m", stat), vi("r", stat)], [w], opset=17
+    )
+    got, want = _run(model, {"x": x}), ort_run(model, {"x": x})
+    for name in ("y", "m", "r"):
+        assert got[name].shape == want[name].shape
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
