@@ -421,13 +421,20 @@ def print_summary(results: list[CaseResult], console, verbose: bool = False) -> 
     for r in results:
         for lv in levels:
             if getattr(r, lv) in ("fail", "error") or (verbose and getattr(r, lv) == "unsupported"):
-                console.print(f"{lv} {getattr(r, lv):<11} {r.name}: {getattr(r, lv + '_detail')[:300]}")
+                detail = getattr(r, lv + "_detail")[:300]
+                console.print(f"{lv} {getattr(r, lv):<11} {r.name}: {detail}", soft_wrap=True, markup=False)
     console.print(
         f"{s['tests']} node tests: {s['attempted']} attempted, {s['not_attempted']} not attempted "
         f"(they use op types the importer does not list; most common: "
         + ", ".join(f"{k} {v}" for k, v in list(s["missing_ops"].items())[:8])
-        + ")"
+        + ")",
+        soft_wrap=True,
     )
+    frozen = sum(1 for r in results if r.frozen_inputs)
+    if frozen:
+        console.print(
+            f"{frozen} attempted tests ran with their integer inputs bound as constants", soft_wrap=True
+        )
     for lv in levels:
         t = s["totals"][lv]
         console.print(f"{lv}: " + ", ".join(f"{t[st]} {st}" for st in STATUSES))
