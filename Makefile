@@ -10,13 +10,13 @@ DEMO   ?= encoder_block
 # Extra mcp-compile flags for the demo, e.g. COMPILE_FLAGS="--dim seq=32" for decoder_block.
 COMPILE_FLAGS ?=
 
-.PHONY: demo test test-all lint venv clean
+.PHONY: demo test test-all lint venv clean conformance real-models bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,models]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -36,6 +36,16 @@ test: lint
 
 test-all: lint
 	$(BIN)/pytest
+
+# ONNX backend node tests: import + interpreter (level 1) and compile + simulate (level 2).
+conformance: $(STAMP)
+	mkdir -p $(OUT)
+	$(BIN)/mcpc conformance --compile --target mcp2026-a100 --json $(OUT)/conformance.json -v
+
+# A real exported transformer (MiniLM from PyPI, the `models` extra) on every target, both builds.
+real-models: $(STAMP)
+	$(BIN)/pytest tests/real_models
+	$(BIN)/python tests/real_models/measure_minilm.py --seq 128
 
 clean:
 	rm -rf $(OUT) build .pytest_cache .ruff_cache .hypothesis

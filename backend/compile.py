@@ -179,7 +179,7 @@ def _lower_function(fn: Any, ctx: LoweringContext) -> list[Kernel]:
 
 def _binding(name: str, value: Any, plan: Any) -> dict:
     t = value.type
-    return {
+    binding = {
         "name": name,
         "dtype": t.dtype.name,
         "shape": list(t.shape),
@@ -187,6 +187,11 @@ def _binding(name: str, value: Any, plan: Any) -> dict:
         "bytes": t.nbytes,
         "onnx_dtype": ONNX_DTYPES.get(t.dtype.name, 0),
     }
+    if t.dtype.name == "i64" and value.is_argument:
+        # The NPU has no 64-bit arithmetic: the program narrows i64 inputs to i32 right away, so
+        # the simulator must refuse values that would wrap rather than compute a wrong answer.
+        binding["valid_range"] = [-(2**31), 2**31]
+    return binding
 
 
 def compile_report(program: Program) -> dict:

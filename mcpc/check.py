@@ -79,7 +79,10 @@ def run_onnxruntime(model_path: str | Path, inputs: dict[str, np.ndarray]) -> di
     missing = [n for n in names if n not in inputs]
     if missing:
         raise InputError(f"inputs are missing {', '.join(missing)} (the model needs {', '.join(names)})")
-    outs = sess.run(None, {n: inputs[n] for n in names})
+    try:
+        outs = sess.run(None, {n: inputs[n] for n in names})
+    except Exception as e:  # e.g. a token id outside the vocabulary, a wrong input dtype
+        raise InputError(f"{model_path}: ONNX Runtime refused these inputs: {e}") from None
     return {o.name: v for o, v in zip(sess.get_outputs(), outs, strict=True)}
 
 

@@ -96,6 +96,22 @@ def _coerce(name: str, value, dt: np.dtype, shape: tuple[int, ...], binding_dtyp
     )
 
 
+def _check_range(b: dict, arr: np.ndarray) -> None:
+    """Refuse values outside the binding's ``valid_range: [low, high)`` (e.g. an i64 input the
+    program narrows to i32): computing on them would silently give a wrong answer."""
+    bounds = b.get("valid_range")
+    if not bounds or arr.size == 0:
+        return
+    low, high = bounds
+    lo, hi = arr.min(), arr.max()
+    if lo < low or hi >= high:
+        bad = lo if lo < low else hi
+        raise InputError(
+            f"input {b['name']!r}: value {bad} is outside the range [{low}, {high}) the program "
+            "supports for it (an i64 input is computed as i32 on the NPU)"
+        )
+
+
 def run_program(
     program: LoadedProgram, inputs: dict[str, np.ndarray], entry: str = "main", trace: bool = False
 ) -> SimResult:
@@ -119,6 +135,7 @@ def run_program(
     for b in in_bindings:
         dt, shape = _dtype(b, src), _shape(b, src)
         arr = _coerce(b["name"], inputs[b["name"]], dt, shape, b["dtype"])
+        _check_range(b, arr)
         raw = pack4(arr.reshape(-1)) if b["dtype"] in PACKED else arr.view(np.uint8).reshape(-1)
         addr = _check_region(b, raw.size, m.dram_size, src)
         m.dram[addr : addr + raw.size] = raw

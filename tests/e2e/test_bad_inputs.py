@@ -104,3 +104,28 @@ def test_inputs_missing_a_tensor(work):
     )
     assert code == 3 and "missing x" in text
     assert not (work / "o.npz").exists()
+
+
+def test_i64_ids_beyond_i32_are_refused_not_wrapped(tmp_path):
+    """An i64 input is computed as i32 on the NPU: a value that would wrap is an input error."""
+    import mcpc
+    from mcpc.sim.api import load_program, run_program
+
+    node = helper.make_node("Cast", ["ids"], ["y"], to=TensorProto.FLOAT, name="cast")
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "ids.onnx")
+    mcpc.compile(tmp_path / "ids.onnx", qat_config="fp32.yaml", output=tmp_path / "ids.mcpb")
+    program = load_program(tmp_path / "ids.mcpb")
+    ok = np.array([0, 5, -7, 2**31 - 1], np.int64)
+    np.testing.assert_array_equal(run_program(program, {"ids": ok}).outputs["y"], ok.astype(np.float32))
+    from mcpc.errors import InputError
+
+    with pytest.raises(InputError, match="'ids'.*outside the range"):
+        run_program(program, {"ids": np.array([0, 2**31, 1, 2], np.int64)})
