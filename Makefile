@@ -47,6 +47,11 @@ real-models: $(STAMP)
 	$(BIN)/pytest tests/real_models
 	$(BIN)/python tests/real_models/measure_minilm.py --seq 128
 
+# Measured performance: toolchain speed vs ONNX Runtime, simulated roofline, accuracy.
+# `make bench BENCH_ARGS=--quick` for the one-minute run; results in bench/results.{json,md}.
+bench: $(STAMP)
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
 clean:
 	rm -rf $(OUT) build .pytest_cache .ruff_cache .hypothesis
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +

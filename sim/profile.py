@@ -44,6 +44,10 @@ def build_profile(p: LoadedProgram, entry: str, order: range, issue: list, done:
     compute_cycles = sum(v / t.macs_per_cycle_for(d) for d, v in macs_by_dtype.items())
     dram_cycles = (rd + wr) / t.dram_bytes_per_cycle
     main_dtype = max(macs_by_dtype, key=macs_by_dtype.get) if macs_by_dtype else "f16"
+    # The MAC array's real occupancy: matmul instructions pay for whole array passes (a one-row
+    # matmul fills one row of the array) and pipeline fill, so useful MACs alone understate it.
+    is_mm = np.asarray(p.mnemonics[sl]) == "matmul"
+    array_cycles = int(busy[is_mm].sum()) if n else 0
     roofline = {
         "achieved_macs_per_cycle": macs / cycles if cycles else 0.0,
         "peak_macs_per_cycle": t.mac.macs_per_cycle.get(main_dtype, 0),
@@ -54,7 +58,9 @@ def build_profile(p: LoadedProgram, entry: str, order: range, issue: list, done:
         "peak_dram_bytes_per_cycle": t.dram_bytes_per_cycle,
         "dram_bound_cycles": dram_cycles,
         "dram_utilization": dram_cycles / cycles if cycles else 0.0,
-        "bound": _bound(compute_cycles, dram_cycles, cycles),
+        "mac_array_busy_cycles": array_cycles,
+        "mac_array_fill": compute_cycles / array_cycles if array_cycles else 0.0,
+        "bound": _bound(max(compute_cycles, array_cycles), dram_cycles, cycles),
     }
     return {
         "target": t.name,
@@ -79,8 +85,9 @@ def build_profile(p: LoadedProgram, entry: str, order: range, issue: list, done:
 
 
 def _bound(compute_cycles: float, dram_cycles: float, cycles: int) -> str:
-    """Which roof limits the run: ``compute``, ``memory``, or ``latency`` when the run takes more
-    than twice the larger roof (DMA latency, dependencies and fill/drain dominate)."""
+    """Which roof limits the run: ``compute`` (the MAC array's busy time, padding included),
+    ``memory``, or ``latency`` when the run takes more than twice the larger roof (DMA latency,
+    dependencies and fill/drain dominate)."""
     roof = max(compute_cycles, dram_cycles)
     if cycles and roof * 2 < cycles:
         return "latency"

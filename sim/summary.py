@@ -40,6 +40,11 @@ def render_summary(profile: dict, console: Console, source: str = "", top: int =
             f"{roof['achieved_dram_bytes_per_cycle']:,.1f} B/cycle, {100 * roof['dram_utilization']:.1f} % "
             f"of peak ({roof['peak_dram_bytes_per_cycle']:,.1f} B/cycle)",
         ),
+        (
+            "MAC array",
+            f"busy {roof['mac_array_busy_cycles']:,} cycles, "
+            f"{100 * roof['mac_array_fill']:.1f} % of that doing useful MACs",
+        ),
         ("bound", roof["bound"]),
     ]
     for k, v in rows:
