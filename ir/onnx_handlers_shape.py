@@ -1,0 +1,224 @@
+"""The ONNX handlers for constants, shape subgraphs and data movement (Constant, Shape, Size,
+ConstantOfShape, Range, Reshape, Flatten, (Un)Squeeze, Transpose, Concat, Slice, Split, Gather,
+Expand, Trilu).
+
+Same contract as ``mcpc.ir.onnx_handlers``, whose tables these register into: that module imports
+this one, so ``HANDLERS`` is complete once either is imported.  Ops with no IR counterpart whose
+inputs must be constant (Shape, Size, Range, ConstantOfShape) compute with numpy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mcpc.ir import ops
+from mcpc.ir.onnx_handlers import _reshape, check, handles
+from mcpc.ir.ops_core import broadcast_shapes, normalize_axis
+
+
+# -- constants and shape subgraphs ---------------------------------------------------------------
+@check("Constant")
+def _constant_check(node, attrs, opset, used):
+    known = {"value", "value_float", "value_floats", "value_int", "value_ints"}
+    other = sorted(set(attrs) - known)
+    return f"attribute {other[0]} is not supported" if other else None
+
+
+@handles("Constant")
+def _constant(ctx, ins):
+    a = ctx.attrs
+    if "value" in a:
+        return [ctx.tensor(a["value"], "value")]
+    if "value_float" in a:
+        return [np.array(a["value_float"], dtype=np.float32)]
+    if "value_floats" in a:
+        return [np.array(a["value_floats"], dtype=np.float32)]
+    if "value_int" in a:
+        return [np.array(a["value_int"], dtype=np.int64)]
+    return [np.array(a["value_ints"], dtype=np.int64)]
+
+
+@handles("Shape")
+def _shape(ctx, ins):
+    shape = ctx.shape(ins[0])
+    start, end = ctx.attr("start", 0), ctx.attr("end", None)
+    return [np.array(shape[start:end], dtype=np.int64)]
+
+
+@handles("Size")
+def _size(ctx, ins):
+    return [np.array(math.prod(ctx.shape(ins[0])), dtype=np.int64)]
+
+
+@handles("ConstantOfShape")
+def _constant_of_shape(ctx, ins):
+    shape = ctx.ints(ins[0], "the shape input")
+    value = ctx.tensor(ctx.attrs["value"], "value") if "value" in ctx.attrs else np.zeros(1, np.float32)
+    return [np.full(shape, value.reshape(-1)[0], dtype=value.dtype)]
+
+
+@handles("Range")
+def _range(ctx, ins):
+    start, limit, delta = (ctx.const(t, "Range's inputs") for t in ins[:3])
+    n = max(int(math.ceil((limit.item() - start.item()) / delta.item())), 0)
+    # ONNX defines element i as start + i·delta, in the inputs' type
+    return [(start + np.arange(n, dtype=start.dtype) * delta).astype(start.dtype)]
+
+
+# -- shape ---------------------------------------------------------------------------------------
+@handles("Reshape")
+def _reshape_node(ctx, ins):
+    x, target = ins[0], ctx.ints(ins[1], "the shape input")
+    shape = ctx.shape(x)
+    allowzero = ctx.attr("allowzero", 0)
+    out = [shape[i] if d == 0 and not allowzero else d for i, d in enumerate(target)]
+    if out.count(-1) > 1:
+        raise ctx.unsupported(f"shape {target} has more than one -1")
+    if -1 in out:
+        known = math.prod(d for d in out if d != -1)
+        total = math.prod(shape)
+        if known == 0 or total % known:
+            raise ctx.unsupported(
+                f"cannot infer the -1 in shape {target} for an input of shape {list(shape)}"
+            )
+        out[out.index(-1)] = total // known
+    return [_reshape(ctx, x, out)]
+
+
+@handles("Flatten")
+def _flatten(ctx, ins):
+    shape = ctx.shape(ins[0])
+    axis = ctx.attr("axis", 1)
+    axis = axis + len(shape) if axis < 0 else axis
+    return [_reshape(ctx, ins[0], (math.prod(shape[:axis]), math.prod(shape[axis:])))]
+
+
+def _axes(ctx, ins):
+    if "axes" in ctx.attrs:
+        return list(ctx.attr("axes"))
+    if len(ins) > 1 and ins[1] is not None:
+        return ctx.ints(ins[1], "the axes input")
+    return None
+
+
+@handles("Unsqueeze")
+def _unsqueeze(ctx, ins):
+    shape = list(ctx.shape(ins[0]))
+    axes = _axes(ctx, ins) or []
+    rank = len(shape) + len(axes)
+    for a in sorted(normalize_axis(a, rank) for a in axes):
+        shape.insert(a, 1)
+    return [_reshape(ctx, ins[0], shape)]
+
+
+@handles("Squeeze")
+def _squeeze(ctx, ins):
+    shape = ctx.shape(ins[0])
+    axes = _axes(ctx, ins)
+    if axes is None:
+        drop = {i for i, d in enumerate(shape) if d == 1}
+    else:
+        drop = {normalize_axis(a, len(shape)) for a in axes}
+        if any(shape[a] != 1 for a in drop):
+            raise ctx.unsupported(f"cannot squeeze axes {axes} of shape {list(shape)}: not all are 1")
+    return [_reshape(ctx, ins[0], [d for i, d in enumerate(shape) if i not in drop])]
+
+
+@handles("Transpose")
+def _transpose(ctx, ins):
+    rank = len(ctx.shape(ins[0]))
+    perm = list(ctx.attr("perm", list(range(rank))[::-1]))
+    if perm == list(range(rank)):
+        return [ins[0]]
+    return [ctx.emit(ops.TransposeOp, ins[:1], {"perm": perm})]
+
+
+@handles("Concat")
+def _concat(ctx, ins):
+    parts = [t for t in ins if t is not None]
+    return [ctx.emit(ops.ConcatOp, parts, {"axis": ctx.attr("axis")})]
+
+
+def _slice_bounds(dim: int, start: int, end: int, step: int) -> tuple[int, int]:
+    """ONNX Slice clamping of one axis into the IR's normalised bounds (see ops_shape.slice_length)."""
+    start = start + dim if start < 0 else start
+    end = end + dim if end < 0 else end
+    if step > 0:
+        return min(max(start, 0), dim), min(max(end, 0), dim)
+    return min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+
+
+def _emit_slice(ctx, x, per_axis: dict[int, tuple[int, int, int]]):
+    shape = ctx.shape(x)
+    starts, ends, steps = [0] * len(shape), list(shape), [1] * len(shape)
+    for axis, (s, e, st) in per_axis.items():
+        starts[axis], ends[axis] = _slice_bounds(shape[axis], s, e, st)
+        steps[axis] = st
+    if starts == [0] * len(shape) and ends == list(shape) and steps == [1] * len(shape):
+        return x
+    return ctx.emit(ops.SliceOp, [x], {"starts": starts, "ends": ends, "steps": steps})
+
+
+@handles("Slice")
+def _slice(ctx, ins):
+    x = ins[0]
+    rank = len(ctx.shape(x))
+    starts, ends = ctx.ints(ins[1], "starts"), ctx.ints(ins[2], "ends")
+    axes = ctx.ints(ins[3], "axes") if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
+    steps = ctx.ints(ins[4], "steps") if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
+    if 0 in steps:
+        raise ctx.unsupported("a slice step of 0 is invalid")
+    per_axis = {}
+    for s, e, a, st in zip(starts, ends, axes, steps, strict=True):
+        per_axis[normalize_axis(a, rank)] = (s, e, st)
+    return [_emit_slice(ctx, x, per_axis)]
+
+
+@handles("Split")
+def _split(ctx, ins):
+    x = ins[0]
+    shape = ctx.shape(x)
+    axis = normalize_axis(ctx.attr("axis", 0), len(shape))
+    dim, n_out = shape[axis], len(ctx.node.output)
+    if len(ins) > 1 and ins[1] is not None:
+        sizes = ctx.ints(ins[1], "the split input")
+    elif "split" in ctx.attrs:
+        sizes = list(ctx.attr("split"))
+    else:
+        n = ctx.attr("num_outputs", n_out)
+        chunk = -(-dim // n)  # opset 18: equal chunks, the last one smaller when uneven
+        sizes = [min(chunk, max(dim - i * chunk, 0)) for i in range(n)]
+    if sum(sizes) != dim:
+        raise ctx.unsupported(f"split sizes {sizes} do not add up to dim {axis} of size {dim}")
+    outs, start = [], 0
+    for size in sizes:
+        outs.append(_emit_slice(ctx, x, {axis: (start, start + size, 1)}))
+        start += size
+    return outs
+
+
+@handles("Gather")
+def _gather(ctx, ins):
+    data, idx = ins
+    return [ctx.emit(ops.GatherOp, [data, idx], {"axis": ctx.attr("axis", 0)})]
+
+
+@handles("Expand")
+def _expand(ctx, ins):
+    x, target = ins[0], ctx.ints(ins[1], "the shape input")
+    out = list(broadcast_shapes(ctx.shape(x), tuple(target)))
+    if out == list(ctx.shape(x)):
+        return [x]
+    return [ctx.emit(ops.BroadcastOp, [x], {"shape": out})]
+
+
+@handles("Trilu")
+def _trilu(ctx, ins):
+    x = ins[0]
+    k = int(ctx.const(ins[1], "k").reshape(-1)[0]) if len(ins) > 1 and ins[1] is not None else 0
+    rows, cols = ctx.shape(x)[-2:]
+    diff = np.arange(cols)[None, :] - np.arange(rows)[:, None]  # j - i: a constant built from shapes
+    keep = diff >= k if ctx.attr("upper", 1) else diff <= k
+    return [ctx.emit(ops.SelectOp, [keep, x, np.zeros((), dtype=ctx.dtype(x).np_dtype)])]
