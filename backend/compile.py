@@ -42,11 +42,16 @@ class BackendOptions:
 
     ``double_buffer``: two SRAM slots per kernel input/output so loads overlap compute (False:
     one slot, for comparison); None follows ``module.attrs["double_buffer"]`` (set by the
-    tile-matmul pass option), default True.  ``precision`` / ``rtol`` / ``atol`` override what
-    META records (default: ``module.attrs["precision"]`` and its tolerances);
+    tile-matmul pass option), default True.  ``prefetch``: consecutive kernels get disjoint
+    SRAM regions when they fit, so that a kernel's loads that wait for nothing still pending
+    (weights, inputs, finished results) run during the previous kernel (False: every kernel
+    boundary is a full barrier, for comparison); None follows ``module.attrs["prefetch"]`` (the
+    tile-matmul pass option), default True.  Neither changes bits.  ``precision`` / ``rtol`` /
+    ``atol`` override what META records (default: ``module.attrs["precision"]`` and its tolerances);
     ``passes`` and ``source_model`` are recorded in META as given."""
 
     double_buffer: bool | None = None
+    prefetch: bool | None = None
     precision: str | None = None
     rtol: float | None = None
     atol: float | None = None
@@ -113,13 +118,16 @@ def compile_to_program(
     double_buffer = opts.double_buffer
     if double_buffer is None:
         double_buffer = bool(module.attrs.get("double_buffer", True))
+    prefetch = opts.prefetch
+    if prefetch is None:
+        prefetch = bool(module.attrs.get("prefetch", True))
     ctx = LoweringContext(target, em, double_buffer, plan.placements, plan.constants)
     text: list[Instr] = []
     debug: list[dict] = []
     entries, io = [], {}
     for fn in module.functions.values():
-        kernels = _lower_function(fn, ctx)
-        instrs, dbg = schedule_with_debug(kernels)
+        kernels = _lower_function(fn, ctx, prefetch)
+        instrs, dbg = schedule_with_debug(kernels, prefetch)
         instrs.append(Instr("halt", {}))
         dbg.append(None)
         entries.append({"name": fn.name, "start": len(text), "count": len(instrs)})
@@ -142,6 +150,7 @@ def compile_to_program(
         "passes": list(opts.passes),
         "source_model": opts.source_model,
         "double_buffer": double_buffer,
+        "prefetch": prefetch,
     }
     memory_map = {
         "dram_size": plan.size,
@@ -156,7 +165,7 @@ def compile_to_program(
     )  # fmt: skip
 
 
-def _lower_function(fn: Any, ctx: LoweringContext) -> list[Kernel]:
+def _lower_function(fn: Any, ctx: LoweringContext, prefetch: bool) -> list[Kernel]:
     kernels: list[Kernel] = []
     for op in fn.ops:
         if isinstance(op, _NO_CODE):
@@ -164,7 +173,8 @@ def _lower_function(fn: Any, ctx: LoweringContext) -> list[Kernel]:
         lower = lowering_for(op)
         with ctx.emitter.node(op) as context:
             try:
-                got = lower(op, ctx)
+                prev = next((k for k in reversed(kernels) if any(k.steps)), None)
+                got = _lower_in_region(op, lower, ctx, prefetch, prev)
             except PassError as exc:
                 if exc.message.startswith("backend:"):
                     raise
@@ -172,9 +182,60 @@ def _lower_function(fn: Any, ctx: LoweringContext) -> list[Kernel]:
         for k in [got] if isinstance(got, Kernel) else list(got or []):
             if k.debug is None:
                 k.debug = dict(context)
-            ctx.sram_peak = max(ctx.sram_peak, k.sram_bytes)
+            ctx.sram_peak = max(ctx.sram_peak, k.sram_base + k.sram_bytes)
             kernels.append(k)
     return kernels
+
+
+def sram_regions(size: int, align: int, prev: tuple[int, int] | None) -> list[tuple[int, int]]:
+    """SRAM regions ``(base, bytes)`` to try, in order, for a kernel following one that planned
+    ``prev = (base, bytes)`` (None: no previous kernel, or prefetch off).
+
+    First the half of the scratchpad the previous kernel does not touch (consecutive kernels
+    alternate halves, so a kernel's loads can run while the previous kernel computes), then the
+    larger space beside the previous kernel (a kernel with a fixed tile too big for a half), and
+    last the whole scratchpad, which makes the kernel wait for the previous one (see
+    ``schedule``).  Every region is ``align``-ed and lies in [0, size).
+    """
+    half = size // 2 // align * align
+    out: list[tuple[int, int]] = []
+    if prev is None:
+        out.append((0, half))
+    else:
+        lo, hi = prev[0], -(-(prev[0] + prev[1]) // align) * align
+        if hi <= half:
+            out.append((half, size - half))
+        elif lo >= half:
+            out.append((0, half))
+        beside = max((hi, size - hi), (0, lo // align * align), key=lambda r: r[1])
+        if beside[1] > 0 and beside not in out:
+            out.append(beside)
+    out.append((0, size))
+    return [r for r in out if r[1] > 0]
+
+
+def _lower_in_region(op: Any, lower: Any, ctx: LoweringContext, prefetch: bool, prev: Kernel | None) -> Any:
+    """Lower ``op`` into the first region of ``sram_regions`` its kernels fit (a lowering that
+    does not fit its budget raises PassError, and the next, larger region is tried); without
+    prefetch, into the whole SRAM budget."""
+    base0, size = ctx.sram_base, ctx.sram_budget
+    regions = [(base0, size)]
+    if prefetch:
+        prev_plan = (prev.sram_base - base0, prev.sram_bytes) if prev is not None else None
+        regions = [(base0 + b, n) for b, n in sram_regions(size, ctx.align, prev_plan)]
+    counts = ctx.emitter.counts.copy()
+    try:
+        for n, (base, budget) in enumerate(regions):
+            ctx.sram_base, ctx.sram_budget = base, budget
+            try:
+                return lower(op, ctx)
+            except PassError:
+                if n == len(regions) - 1:
+                    raise
+                ctx.emitter.counts = counts.copy()  # the failed attempt's instructions are dropped
+    finally:
+        ctx.sram_base, ctx.sram_budget = base0, size
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _binding(name: str, value: Any, plan: Any) -> dict:

@@ -74,8 +74,11 @@ class LoweringContext:
 
     ``placements`` maps each IR value to its DRAM byte address (filled by ``memory.plan_dram``);
     ``constants`` maps values defined by ``mcp.constant`` (and reshapes of them) to their arrays.
+    ``sram_base`` / ``sram_budget`` are the SRAM region the op's kernels may use (the compile
+    driver moves it so that consecutive kernels can live in disjoint regions, see
+    ``compile.py``); lowerings must allocate SRAM only through ``arena()``.
     Guarantees to lowerings: every operand and result of the op being lowered has a placement;
-    ``sram_peak`` is the largest arena peak of the kernels built so far.
+    ``sram_peak`` is the highest SRAM byte (exclusive) planned by the kernels built so far.
     """
 
     target: Any
@@ -85,6 +88,7 @@ class LoweringContext:
     constants: dict[Any, np.ndarray] = field(default_factory=dict)
     sram_budget: int = 0
     sram_peak: int = 0
+    sram_base: int = 0
 
     def __post_init__(self) -> None:
         if not self.sram_budget:
@@ -114,8 +118,8 @@ class LoweringContext:
         return self.constants.get(value)
 
     def arena(self) -> SramArena:
-        """A fresh SRAM arena for one kernel (kernels run one after another)."""
-        return SramArena(self.sram_budget, self.align)
+        """A fresh SRAM arena over this op's region (``sram_base``, ``sram_budget`` bytes)."""
+        return SramArena(self.sram_budget, self.align, self.sram_base)
 
     def rows_that_fit(
         self,
@@ -132,7 +136,8 @@ class LoweringContext:
         )  # fmt: skip
 
     def kernel(self, steps: list[Step], arena: SramArena | None = None) -> Kernel:
-        """A Kernel with this context's slot counts; records the arena's peak as its SRAM use."""
+        """A Kernel with this context's slot counts; records the arena's region and peak as its SRAM use."""
         used = arena.peak if arena is not None else 0
-        self.sram_peak = max(self.sram_peak, used)
-        return Kernel(steps, self.in_slots, self.out_slots, sram_bytes=used)
+        base = arena.base if arena is not None else self.sram_base
+        self.sram_peak = max(self.sram_peak, base + used)
+        return Kernel(steps, self.in_slots, self.out_slots, sram_bytes=used, sram_base=base)

@@ -1,7 +1,8 @@
 """Memory planning: SRAM arenas for kernels, DRAM layout for constants, I/O and intermediates.
 
-SRAM: each kernel gets a fresh ``SramArena`` over the target's scratchpad (kernels run one after
-the other, see ``schedule``); buffers are bump-allocated at ``bank_bytes`` alignment and the
+SRAM: each kernel gets a fresh ``SramArena`` over a region of the target's scratchpad (the whole
+of it, or with cross-kernel prefetch a region the previous kernel does not use, see
+``compile.py`` and ``schedule``); buffers are bump-allocated at ``bank_bytes`` alignment and the
 arena's peak is the kernel's planned SRAM use.  ``rows_that_fit`` picks the largest row tile
 whose in/out slots (times 2 with double buffering) plus persistent buffers fit.
 
@@ -45,14 +46,17 @@ class SlotRing:
 
 @dataclass
 class SramArena:
-    """A bump allocator over ``size`` bytes of SRAM at ``align``-byte granularity.
+    """A bump allocator over ``size`` bytes of SRAM starting at address ``base``, at
+    ``align``-byte granularity (``base`` a multiple of ``align``).
 
-    Guarantees: allocations never overlap and all lie in [0, size); ``peak`` is the end of the
-    highest allocation.  An allocation that does not fit raises PassError naming ``what``.
+    Guarantees: allocations never overlap and all lie in [base, base + size); ``peak`` is the
+    number of bytes from ``base`` to the end of the highest allocation.  An allocation that does
+    not fit raises PassError naming ``what``.
     """
 
     size: int
     align: int = 64
+    base: int = 0
     top: int = 0
     peak: int = 0
     names: list[tuple[str, int, int]] = field(default_factory=list)
@@ -65,7 +69,7 @@ class SramArena:
                 f"SRAM plan: {what} needs {nbytes} bytes but only {self.size - self.top} of "
                 f"{self.size} are free (in use: {self._describe()})"
             )
-        addr = self.top
+        addr = self.base + self.top
         self.top += nbytes
         self.peak = max(self.peak, self.top)
         self.names.append((what, addr, nbytes))

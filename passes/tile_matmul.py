@@ -143,10 +143,15 @@ class TileMatmulPass(Pass):
     Option ``double-buffer`` (default true) is recorded as ``module.attrs["double_buffer"]``,
     which the backend follows unless its own ``BackendOptions.double_buffer`` is set.  Tiles are
     chosen for double-buffered slots either way, so turning it off changes time, never bits.
+    Option ``prefetch`` (default true) is recorded as ``module.attrs["prefetch"]`` the same way:
+    the backend then overlaps a kernel's independent loads with the previous kernel (see
+    docs/backend.md); tiles do not depend on it (a tile too big for half the SRAM makes its
+    kernel wait for the previous one instead).
     """
 
     name: ClassVar[str] = "tile-matmul"
     double_buffer: bool = True
+    prefetch: bool = True
 
     def apply(self, module: Module, ctx: PassContext) -> Module:
         target = ctx.target
@@ -168,4 +173,5 @@ class TileMatmulPass(Pass):
                 raise PassError(f"{exc.message} ({op.describe()})") from None
             op.attrs["tile"] = [int(t) for t in tile]
         module.attrs["double_buffer"] = self.double_buffer
+        module.attrs["prefetch"] = self.prefetch
         return module

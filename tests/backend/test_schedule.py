@@ -173,3 +173,94 @@ def test_debug_records_follow_their_kernel():
     instrs, dbg = schedule_with_debug([a, b])
     assert len(dbg) == len(instrs)
     assert [d["onnx_node"] for d in dbg] == ["n0"] * 4 + ["n1"] * 3  # the nop belongs to n1
+
+
+# -- cross-kernel prefetch ---------------------------------------------------------------------------
+HALF = 4096  # synthetic SRAM half: kernel k lives at (k % 2) * HALF
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(kernel_shapes(), st.integers(1, 3), st.integers(1, 3), st.integers(0, 3), st.booleans()),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_prefetch_any_kernel_sequence_is_balanced_and_race_free(kernels):
+    built = []
+    for idx, (shape, ins, outs, src, same_half) in enumerate(kernels):
+        # reads the output of kernel idx-1-src (or a weight region when that is before the start);
+        # SRAM alternates halves unless same_half puts it over the previous kernel
+        base = 0 if same_half else (idx % 2) * HALF
+        src_at = (idx - src) * 65536 if src <= idx else (1 << 24) + idx * 65536
+        built.append(build_kernel(shape, ins, outs, src=src_at, dst=(idx + 1) * 65536, sram_base=base))
+    for prefetch in (True, False):
+        check_hazards(schedule(built, prefetch=prefetch))  # deadlock, balance, races
+
+
+def _loads_of(instrs, lo, hi):
+    return [i for i in instrs if i.op == "load" and lo <= i.fields["dram"] < hi]
+
+
+def test_independent_loads_of_the_next_kernel_wait_for_nothing():
+    a = build_kernel([(True, True, True)] * 2, 2, 2, src=0, dst=65536)
+    b = build_kernel([(True, True, True)] * 2, 2, 2, src=1 << 20, dst=2 * 65536, sram_base=HALF)
+    instrs = schedule([a, b])
+    check_hazards(instrs)
+    assert not any(i.wait for i in _loads_of(instrs, 1 << 20, 1 << 21))  # weights: no wait at all
+    assert not any(i.signal >> LD & 1 for i in instrs if i.op == "store")  # nobody waits for a's end
+    barrier = schedule([a, b], prefetch=False)
+    assert _loads_of(barrier, 1 << 20, 1 << 21)[0].wait == 1 << ST
+
+
+def test_a_load_reading_the_previous_kernels_output_waits_for_its_end():
+    a = build_kernel([(True, True, True)] * 2, 2, 2, src=0, dst=65536)
+    b = build_kernel([(True, True, True)] * 2, 2, 2, src=65536, dst=2 * 65536, sram_base=HALF)
+    instrs = schedule([a, b])
+    check_hazards(instrs)
+    assert _loads_of(instrs, 65536, 2 * 65536)[0].wait == 1 << ST
+    assert [i.signal >> LD & 1 for i in instrs if i.op == "store"] == [0, 1, 0, 0]
+
+
+def test_free_loads_of_a_step_move_before_dependent_ones():
+    a = build_kernel([(True, True, True)], 1, 1, src=0, dst=65536)
+    dep, weight = load(HALF, 65536), load(HALF + ROW, 1 << 20)
+    b = Kernel([Step([dep, weight], [copy(HALF + 2 * ROW, HALF)], [store(HALF + 2 * ROW, 1 << 21)])], 1, 1)
+    instrs = schedule([a, b])
+    check_hazards(instrs)
+    b_loads = [i for i in instrs if i.op == "load"][1:]
+    assert [i.fields["dram"] for i in b_loads] == [1 << 20, 65536]
+    assert b_loads[0].wait == 0 and b_loads[1].wait == 1 << ST
+
+
+def test_a_kernel_over_the_sram_of_the_one_before_the_last_waits_for_it():
+    a = build_kernel([(True, True, True)], 1, 1, src=1 << 20, dst=65536)
+    b = build_kernel([(True, True, True)], 1, 1, src=1 << 21, dst=2 * 65536, sram_base=HALF)
+    c = build_kernel([(True, True, True)], 1, 1, src=3 << 20, dst=3 * 65536)  # a's half again
+    instrs = schedule([a, b, c])
+    check_hazards(instrs)
+    stores = [i for i in instrs if i.op == "store"]
+    assert stores[0].signal >> LD & 1 and not stores[1].signal >> LD & 1
+    assert _loads_of(instrs, 3 << 20, 4 << 20)[0].wait == 1 << ST
+
+
+def test_checker_finds_a_missing_cross_kernel_dependency():
+    a = build_kernel([(True, True, True)] * 2, 2, 2, src=0, dst=65536)
+    b = build_kernel([(True, True, True)] * 2, 2, 2, src=65536, dst=2 * 65536, sram_base=HALF)
+    instrs = schedule([a, b])
+    k = next(n for n, i in enumerate(instrs) if i.op == "load" and i.wait >> ST & 1)
+    e = next(n for n, i in enumerate(instrs) if i.op == "store" and i.signal >> LD & 1)
+    broken = list(instrs)
+    broken[k] = broken[k].replace(wait=broken[k].wait & ~(1 << ST))
+    broken[e] = broken[e].replace(signal=broken[e].signal & ~(1 << LD))
+    with pytest.raises(ScheduleError, match="race: .* store .* load .* dram"):
+        check_hazards(broken)
+
+
+def test_checker_refuses_what_it_cannot_model():
+    reg = load(0, 0).replace(dram_reg=1)
+    with pytest.raises(ScheduleError, match="register"):
+        check_hazards([reg])
+    with pytest.raises(ScheduleError, match="no memory footprint"):
+        check_hazards([Instr("setr", dict(reg=1, value=3))])
