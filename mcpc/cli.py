@@ -1,9 +1,12 @@
 """The command line: ``mcp-compile`` and ``mcpc`` (click + rich).  The work is in ``mcpc.driver``.
 
-Error handling lives in one place, ``_guard``: an ``McpcError`` becomes ``error: <message>`` on
-stderr and its exit code; click usage errors exit 2; anything else is an internal error (exit 70,
-traceback only with ``MCPC_DEBUG=1``).  Every command is a ``GuardedCommand`` (groups a
-``GuardedGroup``), so the same codes come out of the console scripts and of ``CliRunner``.
+Error handling lives in one place, ``_guard`` (in ``mcpc.cli_guard``, re-exported here): an
+``McpcError`` becomes ``error: <message>`` on stderr and its exit code; click usage errors exit 2;
+anything else is an internal error (exit 70, traceback only with ``MCPC_DEBUG=1``).  Every command
+is a ``GuardedCommand`` (groups a ``GuardedGroup``), so the same codes come out of the console
+scripts and of ``CliRunner``.  This module holds ``compile``, ``targets`` and ``examples``; the
+tools over a compiled program (``check``, ``disasm``, ``inspect``) and ``conformance`` are in
+``mcpc.cli_tools``.
 
 Adding a subcommand: write a ``@click.command(cls=GuardedCommand)`` function that calls into the
 layer doing the work (imported inside the function, so ``mcpc --help`` stays fast) and register it
@@ -13,91 +16,22 @@ with ``cli.add_command(...)`` (or on a subgroup such as ``sim``) at the bottom o
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
-import traceback
 from pathlib import Path
 
 import click
 
 from mcpc import __version__
-from mcpc.errors import EXIT_INTERNAL, InputError, McpcError
-
-EXIT_CODES_EPILOG = """\b
-Exit codes:
-  0   ok
-  1   check failed (outputs outside tolerance)
-  2   usage error
-  3   bad input (ONNX, IR, config, target, .mcpb, missing file)
-  4   unsupported op or dtype
-  5   simulator trap
-  70  internal error (please report; MCPC_DEBUG=1 shows the traceback)
-"""
-
-
-def _stderr_console():
-    from rich.console import Console
-
-    # soft_wrap: never break a message (file paths, key paths) at the terminal width
-    return Console(stderr=True, soft_wrap=True, highlight=False)
-
-
-def _stdout_console():
-    from rich.console import Console
-
-    return Console(soft_wrap=True, highlight=False)
-
-
-def _print_error(prefix: str, message: str) -> None:
-    from rich.text import Text
-
-    _stderr_console().print(Text.assemble((prefix, "bold red"), message))
-
-
-def _guard(invoke, ctx: click.Context):
-    """Run a command, turning exceptions into a message on stderr and the documented exit code."""
-    try:
-        return invoke(ctx)
-    except (click.exceptions.Exit, click.ClickException, click.Abort):
-        raise  # click reports these itself (usage errors exit 2)
-    except McpcError as err:
-        if os.environ.get("MCPC_DEBUG"):
-            traceback.print_exc()
-        if err.exit_code == EXIT_INTERNAL:  # VerifyError after a pass, PassError, EncodeError: our bug
-            _print_error("internal error: ", f"{err.message}\nThis is a bug in mcpc: please report it.")
-        else:
-            _print_error("error: ", err.message)
-        raise click.exceptions.Exit(err.exit_code) from None
-    except Exception as err:
-        if os.environ.get("MCPC_DEBUG"):
-            traceback.print_exc()
-        notes = "".join(f" ({note})" for note in getattr(err, "__notes__", ()))
-        _print_error(
-            "internal error: ",
-            f"{type(err).__name__}: {err}{notes}\nThis is a bug in mcpc: please report it "
-            "with the output of the same command run with MCPC_DEBUG=1.",
-        )
-        raise click.exceptions.Exit(EXIT_INTERNAL) from None
-
-
-class GuardedCommand(click.Command):
-    """A click command whose errors go through ``_guard``."""
-
-    def invoke(self, ctx: click.Context):
-        return _guard(super().invoke, ctx)
-
-
-class GuardedGroup(click.Group):
-    """A click group whose own callback and subcommands' errors go through ``_guard``."""
-
-    command_class = GuardedCommand
-
-    def invoke(self, ctx: click.Context):
-        return _guard(super().invoke, ctx)
-
-
-GuardedGroup.group_class = GuardedGroup
-
+from mcpc.cli_guard import (  # noqa: F401  (re-exported: where commands were always looked up)
+    EXIT_CODES_EPILOG,
+    GuardedCommand,
+    GuardedGroup,
+    _guard,
+    _print_error,
+    _stderr_console,
+    _stdout_console,
+)
+from mcpc.cli_tools import check_command, conformance_command, disasm_command, inspect_command
 
 # -- option parsing (click.BadParameter -> exit 2) ---------------------------------------------
 
@@ -315,119 +249,6 @@ def examples_build(directory: Path):
         click.echo(str(path))
 
 
-# -- tools over a compiled .mcpb and the model ------------------------------------------------
-
-
-@click.command("check", cls=GuardedCommand)
-@click.argument("model", type=click.Path(path_type=Path, dir_okay=False), metavar="MODEL.onnx")
-@click.argument("program", type=click.Path(path_type=Path, dir_okay=False), metavar="PROG.mcpb")
-@click.option("--inputs", "inputs_path", required=True, type=click.Path(path_type=Path, dir_okay=False),
-              help="Inputs as an .npz with one array per model input.")  # fmt: skip
-@click.option("--rtol", type=float, help="Relative tolerance (default: the build's, from the .mcpb).")
-@click.option("--atol", type=float, help="Absolute tolerance (default: the build's, from the .mcpb).")
-@click.option("--min-cosine", type=float, help="Also require this cosine similarity per output.")
-@click.option("--entry", default="main", show_default=True, help="Entry point to run.")
-@click.option(
-    "--json", "json_path", type=click.Path(path_type=Path, dir_okay=False), help="Write the report."
-)
-def check_command(model, program, inputs_path, rtol, atol, min_cosine, entry, json_path):
-    """Compare PROG on the simulator with MODEL on ONNX Runtime.
-
-    Per output: normalized max error, max abs error, cosine; exits 1 when any element is outside
-    atol + rtol * |reference| (or a cosine is below --min-cosine).
-    """
-    import json
-
-    from rich.table import Table
-
-    from mcpc import check, driver
-    from mcpc.errors import CheckFailed
-
-    for path in (model, program, inputs_path):
-        if not path.is_file():
-            raise InputError(f"{path}: no such file")
-    report = check.check(model, program, check.load_inputs(inputs_path), rtol, atol, min_cosine, entry)
-    if json_path is not None:
-        driver.write_atomic(json_path, json.dumps(report, indent=2, sort_keys=True) + "\n")
-    table = Table(title=f"check: rtol {report['rtol']:g}, atol {report['atol']:g}", title_justify="left")
-    for column in ("output", "shape", "norm max err", "max abs err", "cosine", "violations", "result"):
-        table.add_column(column, justify="left" if column in ("output", "shape", "result") else "right")
-    for r in report["outputs"]:
-        table.add_row(r["name"], "x".join(map(str, r["shape"])), f"{r['norm_max_err']:.3g}",
-                      f"{r['max_abs_err']:.3g}", f"{r['cosine']:.6f}", str(r["violations"]),
-                      "ok" if r["passed"] else "FAIL")  # fmt: skip
-    _stdout_console().print(table)
-    if not report["passed"]:
-        failed = [r["name"] for r in report["outputs"] if not r["passed"]]
-        raise CheckFailed(f"{program}: outputs {', '.join(failed)} are outside tolerance against {model}")
-
-
-@click.command("disasm", cls=GuardedCommand)
-@click.argument("program", type=click.Path(path_type=Path, dir_okay=False), metavar="PROG.mcpb")
-@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), help="Write to a file.")
-def disasm_command(program, output):
-    """Print the assembly of PROG.
-
-    One line per instruction, annotated with the ONNX node and IR op it came from.
-    """
-    from mcpc import driver
-    from mcpc.arch.asm import disassemble
-    from mcpc.arch.mcpb import read_mcpb
-
-    prog = read_mcpb(program)
-    text = disassemble(prog.text, prog.debug)
-    if output is not None:
-        driver.write_atomic(output, text)
-    else:
-        click.echo(text, nl=False)
-
-
-@click.command("inspect", cls=GuardedCommand)
-@click.argument("program", type=click.Path(path_type=Path, dir_okay=False), metavar="PROG.mcpb")
-def inspect_command(program):
-    """Print PROG's target, sections, entries and I/O."""
-    from rich.table import Table
-
-    from mcpc.arch.mcpb import read_mcpb, section_table
-
-    prog = read_mcpb(program)
-    console = _stdout_console()
-    console.print(f"{program}: target {prog.target_name} (sha256 {prog.target_digest[:16]}...)")
-    meta = prog.meta or {}
-    console.print(", ".join(f"{k}: {meta[k]}" for k in sorted(meta) if not isinstance(meta[k], (dict, list))))
-    sections = Table(title="sections", title_justify="left")
-    for column in ("tag", "offset", "bytes", "crc32"):
-        sections.add_column(column, justify="left" if column == "tag" else "right")
-    for tag, offset, size, crc in section_table(program):
-        sections.add_row(tag, str(offset), str(size), f"{crc:08x}")
-    console.print(sections)
-    io = Table(title="entry points and I/O", title_justify="left")
-    for column in ("entry", "instructions", "kind", "name", "dtype", "shape", "bytes"):
-        io.add_column(column)
-    for entry in prog.entries:
-        bindings = (prog.io or {}).get(entry["name"], {})
-        for kind in ("inputs", "outputs"):
-            for b in bindings.get(kind, []):
-                shape = "x".join(map(str, b.get("shape", []))) or "scalar"
-                row = (
-                    entry["name"],
-                    entry["count"],
-                    kind[:-1],
-                    b.get("name"),
-                    b.get("dtype"),
-                    shape,
-                    b.get("bytes"),
-                )
-                io.add_row(*(str(x) for x in row))
-    console.print(io)
-    mm = prog.memory_map or {}
-    regions, peak = len(mm.get("regions", [])), mm.get("sram_peak_bytes", "?")
-    console.print(
-        f"DRAM {mm.get('dram_size', '?')} bytes in {regions} regions, constants {len(prog.constants)} bytes, "
-        f"planned SRAM peak {peak} bytes"
-    )
-
-
 def _has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
@@ -443,9 +264,7 @@ if _has_module("mcpc.check") and _has_module("mcpc.sim.api"):
 if _has_module("mcpc.examples"):
     cli.add_command(examples_group)
 if _has_module("mcpc.conformance"):
-    from mcpc.conformance import make_command as _conformance_command  # light: imports onnx lazily
-
-    cli.add_command(_conformance_command(GuardedCommand))
+    cli.add_command(conformance_command)  # light: onnx loads inside the command
 if _has_module("mcpc.sim.cli"):
     from mcpc.sim.cli import sim_group  # light: click only; the simulator loads inside `run`
 

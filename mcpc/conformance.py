@@ -19,12 +19,10 @@ so totals are honest.  Results never depend on the order tests run in.
 
 from __future__ import annotations
 
-import json
 import time
 import warnings
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -320,42 +318,3 @@ def print_summary(results: list[CaseResult], console, verbose: bool = False) -> 
     for lv in levels:
         t = s["totals"][lv]
         console.print(f"{lv}: " + ", ".join(f"{t[st]} {st}" for st in STATUSES))
-
-
-def make_command(command_cls):
-    """The ``mcpc conformance`` click command, built on the CLI's error-guarding command class."""
-    import click
-
-    @click.command("conformance", cls=command_cls)
-    @click.option("--ops", help="Comma-separated op types: only tests using one of them.")
-    @click.option("--test", "tests", multiple=True, help="Run only this test (repeatable).")
-    @click.option("--compile", "do_compile", is_flag=True, help="Also level 2: fp32 build + simulator.")
-    @click.option("--target", default="mcp2026-a100", show_default=True, help="Target for --compile.")
-    @click.option(
-        "--json", "json_path", type=click.Path(path_type=Path, dir_okay=False), help="Write results."
-    )
-    @click.option("-v", "--verbose", is_flag=True, help="Per-op table and every unsupported test's reason.")
-    def conformance_command(ops, tests, do_compile, target, json_path, verbose):
-        """Run the ONNX backend node tests through mcpc (level 1: importer + IR interpreter; level 2
-        with --compile: compiled fp32 program on the simulator) and classify each test as pass,
-        fail, unsupported or error.  Exits 1 when any test fails or errors."""
-        from rich.console import Console
-
-        from mcpc.driver import write_atomic
-        from mcpc.errors import CheckFailed
-
-        target_name = target if do_compile else None
-        if target_name is not None:
-            from mcpc.driver import load_target
-
-            load_target(target_name)  # a bad target is a usage error before minutes of work
-        op_list = [o.strip() for o in ops.split(",") if o.strip()] if ops else None
-        results = run_conformance(op_list, target_name, set(tests) or None)
-        if json_path is not None:
-            write_atomic(json_path, json.dumps(report(results, target_name), indent=1, sort_keys=True) + "\n")
-        print_summary(results, Console(), verbose)
-        bad = [r.name for r in results if "fail" in (r.level1, r.level2) or "error" in (r.level1, r.level2)]
-        if bad:
-            raise CheckFailed(f"{len(bad)} node test(s) fail or error: {', '.join(bad[:10])}")
-
-    return conformance_command

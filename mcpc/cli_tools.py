@@ -1,0 +1,159 @@
+"""The mcpc subcommands that check, read and measure: ``check``, ``disasm`` and ``inspect`` over a
+compiled .mcpb (and the model), and ``conformance`` over the ONNX backend node tests.
+
+Each is a ``GuardedCommand`` that imports the layer doing the work inside the function (so
+``mcpc --help`` stays fast); ``mcpc.cli`` registers them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from mcpc.cli_guard import GuardedCommand, _stdout_console
+from mcpc.errors import InputError
+
+
+@click.command("check", cls=GuardedCommand)
+@click.argument("model", type=click.Path(path_type=Path, dir_okay=False), metavar="MODEL.onnx")
+@click.argument("program", type=click.Path(path_type=Path, dir_okay=False), metavar="PROG.mcpb")
+@click.option("--inputs", "inputs_path", required=True, type=click.Path(path_type=Path, dir_okay=False),
+              help="Inputs as an .npz with one array per model input.")  # fmt: skip
+@click.option("--rtol", type=float, help="Relative tolerance (default: the build's, from the .mcpb).")
+@click.option("--atol", type=float, help="Absolute tolerance (default: the build's, from the .mcpb).")
+@click.option("--min-cosine", type=float, help="Also require this cosine similarity per output.")
+@click.option("--entry", default="main", show_default=True, help="Entry point to run.")
+@click.option(
+    "--json", "json_path", type=click.Path(path_type=Path, dir_okay=False), help="Write the report."
+)
+def check_command(model, program, inputs_path, rtol, atol, min_cosine, entry, json_path):
+    """Compare PROG on the simulator with MODEL on ONNX Runtime.
+
+    Per output: normalized max error, max abs error, cosine; exits 1 when any element is outside
+    atol + rtol * |reference| (or a cosine is below --min-cosine).
+    """
+    import json
+
+    from rich.table import Table
+
+    from mcpc import check, driver
+    from mcpc.errors import CheckFailed
+
+    for path in (model, program, inputs_path):
+        if not path.is_file():
+            raise InputError(f"{path}: no such file")
+    report = check.check(model, program, check.load_inputs(inputs_path), rtol, atol, min_cosine, entry)
+    if json_path is not None:
+        driver.write_atomic(json_path, json.dumps(report, indent=2, sort_keys=True) + "\n")
+    table = Table(title=f"check: rtol {report['rtol']:g}, atol {report['atol']:g}", title_justify="left")
+    for column in ("output", "shape", "norm max err", "max abs err", "cosine", "violations", "result"):
+        table.add_column(column, justify="left" if column in ("output", "shape", "result") else "right")
+    for r in report["outputs"]:
+        table.add_row(r["name"], "x".join(map(str, r["shape"])), f"{r['norm_max_err']:.3g}",
+                      f"{r['max_abs_err']:.3g}", f"{r['cosine']:.6f}", str(r["violations"]),
+                      "ok" if r["passed"] else "FAIL")  # fmt: skip
+    _stdout_console().print(table)
+    if not report["passed"]:
+        failed = [r["name"] for r in report["outputs"] if not r["passed"]]
+        raise CheckFailed(f"{program}: outputs {', '.join(failed)} are outside tolerance against {model}")
+
+
+@click.command("disasm", cls=GuardedCommand)
+@click.argument("program", type=click.Path(path_type=Path, dir_okay=False), metavar="PROG.mcpb")
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), help="Write to a file.")
+def disasm_command(program, output):
+    """Print the assembly of PROG.
+
+    One line per instruction, annotated with the ONNX node and IR op it came from.
+    """
+    from mcpc import driver
+    from mcpc.arch.asm import disassemble
+    from mcpc.arch.mcpb import read_mcpb
+
+    prog = read_mcpb(program)
+    text = disassemble(prog.text, prog.debug)
+    if output is not None:
+        driver.write_atomic(output, text)
+    else:
+        click.echo(text, nl=False)
+
+
+@click.command("inspect", cls=GuardedCommand)
+@click.argument("program", type=click.Path(path_type=Path, dir_okay=False), metavar="PROG.mcpb")
+def inspect_command(program):
+    """Print PROG's target, sections, entries and I/O."""
+    from rich.table import Table
+
+    from mcpc.arch.mcpb import read_mcpb, section_table
+
+    prog = read_mcpb(program)
+    console = _stdout_console()
+    console.print(f"{program}: target {prog.target_name} (sha256 {prog.target_digest[:16]}...)")
+    meta = prog.meta or {}
+    console.print(", ".join(f"{k}: {meta[k]}" for k in sorted(meta) if not isinstance(meta[k], (dict, list))))
+    sections = Table(title="sections", title_justify="left")
+    for column in ("tag", "offset", "bytes", "crc32"):
+        sections.add_column(column, justify="left" if column == "tag" else "right")
+    for tag, offset, size, crc in section_table(program):
+        sections.add_row(tag, str(offset), str(size), f"{crc:08x}")
+    console.print(sections)
+    io = Table(title="entry points and I/O", title_justify="left")
+    for column in ("entry", "instructions", "kind", "name", "dtype", "shape", "bytes"):
+        io.add_column(column)
+    for entry in prog.entries:
+        bindings = (prog.io or {}).get(entry["name"], {})
+        for kind in ("inputs", "outputs"):
+            for b in bindings.get(kind, []):
+                shape = "x".join(map(str, b.get("shape", []))) or "scalar"
+                row = (
+                    entry["name"],
+                    entry["count"],
+                    kind[:-1],
+                    b.get("name"),
+                    b.get("dtype"),
+                    shape,
+                    b.get("bytes"),
+                )
+                io.add_row(*(str(x) for x in row))
+    console.print(io)
+    mm = prog.memory_map or {}
+    regions, peak = len(mm.get("regions", [])), mm.get("sram_peak_bytes", "?")
+    console.print(
+        f"DRAM {mm.get('dram_size', '?')} bytes in {regions} regions, constants {len(prog.constants)} bytes, "
+        f"planned SRAM peak {peak} bytes"
+    )
+
+
+@click.command("conformance", cls=GuardedCommand)
+@click.option("--ops", help="Comma-separated op types: only tests using one of them.")
+@click.option("--test", "tests", multiple=True, help="Run only this test (repeatable).")
+@click.option("--compile", "do_compile", is_flag=True, help="Also level 2: fp32 build + simulator.")
+@click.option("--target", default="mcp2026-a100", show_default=True, help="Target for --compile.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False), help="Write results.")
+@click.option("-v", "--verbose", is_flag=True, help="Per-op table and every unsupported test's reason.")
+def conformance_command(ops, tests, do_compile, target, json_path, verbose):
+    """Run the ONNX backend node tests through mcpc (level 1: importer + IR interpreter; level 2
+    with --compile: compiled fp32 program on the simulator) and classify each test as pass,
+    fail, unsupported or error.  Exits 1 when any test fails or errors."""
+    import json
+
+    from rich.console import Console
+
+    from mcpc.conformance import print_summary, report, run_conformance
+    from mcpc.driver import write_atomic
+    from mcpc.errors import CheckFailed
+
+    target_name = target if do_compile else None
+    if target_name is not None:
+        from mcpc.driver import load_target
+
+        load_target(target_name)  # a bad target is a usage error before minutes of work
+    op_list = [o.strip() for o in ops.split(",") if o.strip()] if ops else None
+    results = run_conformance(op_list, target_name, set(tests) or None)
+    if json_path is not None:
+        write_atomic(json_path, json.dumps(report(results, target_name), indent=1, sort_keys=True) + "\n")
+    print_summary(results, Console(), verbose)
+    bad = [r.name for r in results if "fail" in (r.level1, r.level2) or "error" in (r.level1, r.level2)]
+    if bad:
+        raise CheckFailed(f"{len(bad)} node test(s) fail or error: {', '.join(bad[:10])}")
