@@ -136,34 +136,35 @@ def _data_sets(case: NodeCase):
         yield module, _feeds(case, inputs), expected, []
 
 
-def _level1(case: NodeCase) -> tuple[str, str, list[str]]:
-    from mcpc.ir.interpreter import interpret
-
+def _run_level(case: NodeCase, outputs_of) -> tuple[str, str, list[str]]:
+    """Compare ``outputs_of(module, feeds)`` (outputs by name) with every data set's expected
+    outputs; the first data set that differs fails the level."""
     names, frozen = [o.name for o in case.model.graph.output], []
     for k, (module, feeds, expected, frozen) in enumerate(_data_sets(case)):
-        got = interpret(module, feeds)
+        got = outputs_of(module, feeds)
         why = compare_outputs(
             [got[n] for n in names], expected, case.rtol, case.atol, _undefined(case, feeds)
         )
         if why:
             return "fail", f"data set {k}: {why}", frozen
     return "pass", "", frozen
+
+
+def _level1(case: NodeCase) -> tuple[str, str, list[str]]:
+    from mcpc.ir.interpreter import interpret
+
+    return _run_level(case, interpret)
 
 
 def _level2(case: NodeCase, target: str) -> tuple[str, str, list[str]]:
     from mcpc.driver import compile as mcpc_compile
     from mcpc.sim.api import from_program, run_program
 
-    names, frozen = [o.name for o in case.model.graph.output], []
-    for k, (module, feeds, expected, frozen) in enumerate(_data_sets(case)):
+    def simulate(module, feeds):
         result = mcpc_compile(module, target=target, qat_config="fp32.yaml", emit="mcpb")
-        got = run_program(from_program(result.program, source=case.name), feeds).outputs
-        why = compare_outputs(
-            [got[n] for n in names], expected, case.rtol, case.atol, _undefined(case, feeds)
-        )
-        if why:
-            return "fail", f"data set {k}: {why}", frozen
-    return "pass", "", frozen
+        return run_program(from_program(result.program, source=case.name), feeds).outputs
+
+    return _run_level(case, simulate)
 
 
 def _undefined(case: NodeCase, feeds: dict[str, np.ndarray]) -> list[np.ndarray | None] | None:
