@@ -1,7 +1,9 @@
 """Correctness chain, link 2: the IR interpreter on the *compiled* IR (after every pass, tiles
 included) and the functional simulator on the binary agree bit for bit, on whole models, for
-every target and both builds.  Link 1 (ONNX Runtime vs interpreter on the imported IR) lives in
-tests/ir; the accuracy against ONNX Runtime of the binary in test_end_to_end."""
+every target and both builds; and the token bits order every cross-engine memory conflict, so
+the decoupled engines compute what the sequential stream means.  Link 1 (ONNX Runtime vs
+interpreter on the imported IR) lives in tests/ir; the accuracy against ONNX Runtime of the binary
+in test_end_to_end."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import pytest
 from e2e_util import TARGETS
 
 import mcpc
+from mcpc.arch.isa import decode_program
+from mcpc.backend.hazards import check_hazards
 from mcpc.examples import causal_mask, decoder_block, encoder_block, mlp
 from mcpc.ir.interpreter import interpret
 from mcpc.sim.api import run_program
@@ -32,6 +36,7 @@ def test_simulator_is_bit_exact_with_interpreter_on_compiled_ir(tmp_path, target
         path = tmp_path / f"{name}.onnx"
         onnx.save(model, path)
         result = mcpc.compile(path, target=target, qat_config=qat_config, dims=dims)
+        check_hazards(decode_program(result.program.text))  # tokens order every memory conflict
         want = interpret(result.module, inputs)
         got = run_program(from_program(result.program), inputs).outputs
         assert set(got) == set(want)
