@@ -168,6 +168,25 @@ def _logic(ctx, ins):
     return [ctx.emit(ops.SelectOp, [a, t, b])]
 
 
+@handles("IsNaN")
+def _isnan(ctx, ins):
+    # NaN is the only value not equal to itself: isnan(x) = (x == x) == false, exact in any float
+    # dtype (exporters guard SDPA's softmax of an all-masked row with IsNaN → Where)
+    x = ins[0]
+    return [ctx.emit(ops.EqualOp, [ctx.emit(ops.EqualOp, [x, x]), np.array(False)])]
+
+
+@handles("IsInf")
+def _isinf(ctx, ins):
+    x = ins[0]
+    pos, neg = ctx.attr("detect_positive", 1), ctx.attr("detect_negative", 1)
+    if pos and neg:  # |x| == inf; Abs is exact, so this is x == inf or x == -inf
+        return [ctx.emit(ops.EqualOp, [ctx.emit(ops.AbsOp, [x]), _scalar(ctx, np.inf, x)])]
+    if pos or neg:
+        return [ctx.emit(ops.EqualOp, [x, _scalar(ctx, np.inf if pos else -np.inf, x)])]
+    return [np.zeros(ctx.shape(x), dtype=bool)]  # detects nothing: all false, known at import
+
+
 @handles("Where")
 def _where(ctx, ins):
     return [ctx.emit(ops.SelectOp, ins[:3])]

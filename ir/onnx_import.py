@@ -202,8 +202,7 @@ class _Importer:
         except ValueError as e:
             # shape arithmetic in a handler (broadcast, axis) rejects this node under the bound dims:
             # e.g. a sequence longer than the model's position table; the user's input, not our bug
-            shapes = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in self.bound.items())
-            raise InputError(f"{self.where()}: {e} (with inputs bound as {shapes})") from None
+            raise InputError(f"{self.where()}: {e} (with inputs bound as {self.bindings()})") from None
         for name, term in zip(node.output, outs, strict=False):
             if name:
                 self.env[name] = term
@@ -299,7 +298,15 @@ class _Importer:
         try:
             return cls(values, attrs, loc=self.loc)
         except (ValueError, TypeError, KeyError) as e:
-            raise InputError(f"{self.where()}: cannot be expressed as {cls.name}: {e}") from None
+            # usually the bound dims (a sequence longer than a position table): name them
+            raise InputError(
+                f"{self.where()}: cannot be expressed as {cls.name}: {e} (with inputs bound as "
+                f"{self.bindings()})"
+            ) from None
+
+    def bindings(self) -> str:
+        """The bound input shapes as the user gave them, ``name=1x128, ...``."""
+        return ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in self.bound.items())
 
     def value(self, term) -> Value:
         """``term`` as an IR value: constants become (cached) ``mcp.constant`` ops; int64 → i32."""
