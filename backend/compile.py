@@ -17,11 +17,13 @@ from typing import Any
 from mcpc.arch.isa import INSTR_BYTES, Instr, encode_program
 from mcpc.arch.mcpb import Program
 from mcpc.backend.emitter import NO_NODE, Emitter
+from mcpc.backend.fusion import FusionGroup, FusionPlan, plan_fusion
+from mcpc.backend.lower_matmul import epilogue_sram_bytes, matmul_kernel
 from mcpc.backend.lowering import LoweringContext, load_lowerings, lowering_for
 from mcpc.backend.memory import ALIAS_OPS, plan_dram
 from mcpc.backend.schedule import Kernel, schedule_with_debug
 from mcpc.errors import PassError, UnsupportedError
-from mcpc.ir.ops import ConstantOp, ReturnOp
+from mcpc.ir.ops import ConstantOp, MatMulOp, ReturnOp
 
 # Default check tolerances per build precision (``mcpc check`` reads them from META).
 TOLERANCES: dict[str, dict[str, float]] = {
@@ -46,12 +48,17 @@ class BackendOptions:
     SRAM regions when they fit, so that a kernel's loads that wait for nothing still pending
     (weights, inputs, finished results) run during the previous kernel (False: every kernel
     boundary is a full barrier, for comparison); None follows ``module.attrs["prefetch"]`` (the
-    tile-matmul pass option), default True.  Neither changes bits.  ``precision`` / ``rtol`` /
+    tile-matmul pass option), default True.  ``fuse_epilogue``: elementwise ops consuming a
+    matmul's result alone are computed on its output tiles in SRAM (``backend/fusion.py``)
+    instead of in kernels of their own (False: one kernel per op, for comparison); None follows
+    ``module.attrs["fuse_epilogue"]`` (the tile-matmul pass option), default True.  None of the
+    three changes bits.  ``precision`` / ``rtol`` /
     ``atol`` override what META records (default: ``module.attrs["precision"]`` and its tolerances);
     ``passes`` and ``source_model`` are recorded in META as given."""
 
     double_buffer: bool | None = None
     prefetch: bool | None = None
+    fuse_epilogue: bool | None = None
     precision: str | None = None
     rtol: float | None = None
     atol: float | None = None
@@ -108,16 +115,24 @@ def compile_to_program(
     opts = BackendOptions.coerce(options)
     module.verify()
     check_lowerable(module)
-    plan = plan_dram(module)
+    double_buffer = opts.double_buffer
+    if double_buffer is None:
+        double_buffer = bool(module.attrs.get("double_buffer", True))
+    fuse = opts.fuse_epilogue
+    if fuse is None:
+        fuse = bool(module.attrs.get("fuse_epilogue", True))
+    slots = (2, 2) if double_buffer else (1, 1)
+    fusion = {
+        fn.name: fusion_plan(fn, target, slots) if fuse else FusionPlan() for fn in module.functions.values()
+    }
+    positions = {op: i for f in fusion.values() for op, i in f.positions.items()}
+    plan = plan_dram(module, positions)
     if plan.size > target.dram.size_bytes:
         raise PassError(
             f"backend: the program needs {plan.size} bytes of DRAM, target {target.name} has "
             f"{target.dram.size_bytes}"
         )
     em = Emitter(target)
-    double_buffer = opts.double_buffer
-    if double_buffer is None:
-        double_buffer = bool(module.attrs.get("double_buffer", True))
     prefetch = opts.prefetch
     if prefetch is None:
         prefetch = bool(module.attrs.get("prefetch", True))
@@ -126,7 +141,7 @@ def compile_to_program(
     debug: list[dict] = []
     entries, io = [], {}
     for fn in module.functions.values():
-        kernels = _lower_function(fn, ctx, prefetch)
+        kernels = _lower_function(fn, ctx, prefetch, fusion[fn.name])
         instrs, dbg = schedule_with_debug(kernels, prefetch)
         instrs.append(Instr("halt", {}))
         dbg.append(None)
@@ -151,6 +166,7 @@ def compile_to_program(
         "source_model": opts.source_model,
         "double_buffer": double_buffer,
         "prefetch": prefetch,
+        "fuse_epilogue": fuse,
     }
     memory_map = {
         "dram_size": plan.size,
@@ -165,26 +181,53 @@ def compile_to_program(
     )  # fmt: skip
 
 
-def _lower_function(fn: Any, ctx: LoweringContext, prefetch: bool) -> list[Kernel]:
+def fusion_plan(fn: Any, target: Any, slots: tuple[int, int]) -> FusionPlan:
+    """The epilogue groups of ``fn``: matmuls (non-empty) whose fused kernel fits the target's SRAM
+    with ``slots`` input/output slots."""
+    size, align = int(target.sram.size_bytes), int(target.sram.bank_bytes)
+
+    def heads(op: Any) -> bool:
+        return isinstance(op, MatMulOp) and op.result.type.numel > 0 and op.operands[0].type.shape[-1] > 0
+
+    def fits(group: FusionGroup) -> bool:
+        return epilogue_sram_bytes(group.head, group.epilogue, slots, align) <= size
+
+    return plan_fusion(fn, heads, fits)
+
+
+def _lower_function(fn: Any, ctx: LoweringContext, prefetch: bool, fusion: FusionPlan) -> list[Kernel]:
     kernels: list[Kernel] = []
     for op in fn.ops:
-        if isinstance(op, _NO_CODE):
+        if isinstance(op, _NO_CODE) or op in fusion.absorbed:
             continue
-        lower = lowering_for(op)
-        with ctx.emitter.node(op) as context:
-            try:
-                prev = next((k for k in reversed(kernels) if any(k.steps)), None)
-                got = _lower_in_region(op, lower, ctx, prefetch, prev)
-            except PassError as exc:
-                if exc.message.startswith("backend:"):
-                    raise
-                raise PassError(f"backend: {op.describe()}: {exc.message}") from None
-        for k in [got] if isinstance(got, Kernel) else list(got or []):
-            if k.debug is None:
-                k.debug = dict(context)
-            ctx.sram_peak = max(ctx.sram_peak, k.sram_base + k.sram_bytes)
-            kernels.append(k)
+        group = fusion.groups.get(op)
+        if group is not None:
+            counts = ctx.emitter.counts.copy()
+            try:  # the fused kernel; its ops one by one if it cannot be built
+                _lower_op(op, lambda o, c, e=group.epilogue: matmul_kernel(o, c, e), ctx, prefetch, kernels)
+                continue
+            except PassError:
+                ctx.emitter.counts = counts
+        for member in group.ops if group is not None else (op,):
+            _lower_op(member, lowering_for(member), ctx, prefetch, kernels)
     return kernels
+
+
+def _lower_op(op: Any, lower: Any, ctx: LoweringContext, prefetch: bool, kernels: list[Kernel]) -> None:
+    """Lower ``op`` with ``lower`` into the next SRAM region; append its kernels to ``kernels``."""
+    with ctx.emitter.node(op) as context:
+        try:
+            prev = next((k for k in reversed(kernels) if any(k.steps)), None)
+            got = _lower_in_region(op, lower, ctx, prefetch, prev)
+        except PassError as exc:
+            if exc.message.startswith("backend:"):
+                raise
+            raise PassError(f"backend: {op.describe()}: {exc.message}") from None
+    for k in [got] if isinstance(got, Kernel) else list(got or []):
+        if k.debug is None:
+            k.debug = dict(context)
+        ctx.sram_peak = max(ctx.sram_peak, k.sram_base + k.sram_bytes)
+        kernels.append(k)
 
 
 def sram_regions(size: int, align: int, prev: tuple[int, int] | None) -> list[tuple[int, int]]:

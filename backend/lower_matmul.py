@@ -7,14 +7,26 @@ When the result is f32 the matmul accumulates straight into the output slot; oth
 accumulates into a persistent f32 buffer and a ``vun copy`` rounds the finished tile once into
 the output slot.  The last K step stores the output tile.  Products are the interpreter's
 ``matmul_tile`` calls on the same tiles, so the result is bit-exact with it.
+
+With an *epilogue* (``fusion.FusionGroup``: elementwise ops consuming the product) the product
+always accumulates in the f32 buffer; after the last K tile the kernel rounds it to the matmul's
+``out`` dtype (``vun copy``, unless f32) and applies each epilogue op to the tile — ``vun`` for a
+unary op, ``vbin`` with the other operand's tile loaded in the same step (a bias row, a residual
+tile; broadcast dims read with stride 0), or ``vbini`` for a scalar constant exact in f32 —
+ping-ponging between the accumulator and a work buffer, the last op writing the output slot,
+which is stored to the chain's last value.  Each op reads its operands in their dtypes, computes
+in f32 and rounds to its result dtype, as its own kernel does, so the bits are the unfused IR's.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
+from mcpc.backend.fusion import EpilogueOp
+from mcpc.backend.lower_vector import broadcast_strides, scalar_immediate
 from mcpc.backend.lowering import LoweringContext, register_lowering
 from mcpc.backend.memory import align_up
 from mcpc.backend.schedule import Kernel, Step
@@ -38,13 +50,62 @@ def matmul_sram_bytes(tm: int, tn: int, tk: int, es: int, os_: int, acc: bool, s
     return total + (align_up(tm * tn * 4, align) if acc else 0)
 
 
+def _tile_tm_tn(op: MatMulOp) -> tuple[int, int]:
+    m, n = op.operands[0].type.shape[-2], op.result.type.shape[-1]
+    tile = list(op.attrs["tile"]) or [0, 0, 0]
+    return min(tile[0] or m, m), min(tile[1] or n, n)
+
+
+def _other_shape(e: EpilogueOp, tm: int, tn: int, out_shape: tuple[int, ...]) -> tuple[int, int, list[int]]:
+    """Rows and columns of the tile of ``e.other`` read for a ``tm`` x ``tn`` output tile, and its
+    element strides over ``out_shape`` (0 along broadcast dims)."""
+    st = broadcast_strides(e.other.type.shape, out_shape)
+    return (tm if st[-2] else 1), (tn if st[-1] else 1), st
+
+
+def epilogue_sram_bytes(op: MatMulOp, epilogue: Sequence[EpilogueOp], slots: tuple[int, int], align: int,
+                        loaded: Sequence[bool] | None = None) -> int:  # fmt: skip
+    """SRAM of the kernel of ``op`` with ``epilogue`` (no epilogue: ``matmul_sram_bytes``): the
+    A/B input slots plus each loaded other operand's tile per input slot (``loaded[i]``; default
+    every binary op loads), output slots of the chain's last dtype, the f32 accumulator, and a
+    work buffer of f32 size when the chain needs a second buffer."""
+    at, ct = op.operands[0].type, op.result.type
+    tm, tn = _tile_tm_tn(op)
+    tk = min((list(op.attrs["tile"]) or [0, 0, 0])[2] or at.shape[-1], at.shape[-1])
+    es = at.dtype.bits // 8
+    if not epilogue:
+        return matmul_sram_bytes(tm, tn, tk, es, ct.dtype.bits // 8, ct.dtype.name != "f32", slots, align)
+    fs = epilogue[-1].op.result.type.dtype.bits // 8
+    total = matmul_sram_bytes(tm, tn, tk, es, fs, True, slots, align)
+    for i, e in enumerate(epilogue):
+        if e.other is not None and (loaded is None or loaded[i]):
+            r, c, _ = _other_shape(e, tm, tn, ct.shape)
+            total += slots[0] * align_up(r * c * e.other.type.dtype.bits // 8, align)
+    if ct.dtype.name != "f32" or len(epilogue) > 1:
+        total += align_up(tm * tn * 4, align)
+    return total
+
+
 @register_lowering(MatMulOp)
 def lower_matmul(op: MatMulOp, ctx: LoweringContext) -> Kernel:
     """One kernel computing the whole (batched) product; see the module docstring."""
+    return matmul_kernel(op, ctx)
+
+
+def matmul_kernel(op: MatMulOp, ctx: LoweringContext, epilogue: Sequence[EpilogueOp] = ()) -> Kernel:
+    """The kernel of ``op`` with ``epilogue`` applied to each finished output tile (see module doc).
+
+    Assumes the epilogue is a ``fusion.plan_fusion`` chain of ``op`` (same shape as the product,
+    other operands in DRAM before the kernel runs).  The kernel stores only the chain's last value;
+    its instructions carry the debug record of the op they compute (``Kernel.instr_debug``).
+    Raises PassError when the tile does not fit ``ctx.sram_budget``.
+    """
     a_val, b_val = op.operands
+    final = epilogue[-1].op.result if epilogue else op.result
     a_addr, at = ctx.dram(a_val)
     b_addr, bt = ctx.dram(b_val)
-    c_addr, ct = ctx.dram(op.result)
+    c_addr, ct = ctx.dram(final)
+    mt = op.result.type  # the product (same shape as the chain's values)
     trans_b = bool(op.attrs["trans_b"])
     m, k = at.shape[-2:]
     n = ct.shape[-1]
@@ -56,10 +117,13 @@ def lower_matmul(op: MatMulOp, ctx: LoweringContext) -> Kernel:
     tile = list(op.attrs["tile"]) or [0, 0, 0]
     tm, tn, tk = (t or d for t, d in zip(tile, (m, n, k), strict=True))
     tm, tn, tk = min(tm, m), min(tn, n), min(tk, k)
-    in_dt, out_dt = at.dtype.name, ct.dtype.name
+    in_dt, out_dt = at.dtype.name, mt.dtype.name
     es, os_ = at.dtype.bits // 8, ct.dtype.bits // 8
-    direct = out_dt == "f32"  # accumulate straight into the output slot
-    need = matmul_sram_bytes(tm, tn, tk, es, os_, not direct, (ctx.in_slots, ctx.out_slots), ctx.align)
+    imms = [scalar_immediate(ctx, e.other) if e.other is not None else None for e in epilogue]
+    loaded = [e.other is not None and imm is None for e, imm in zip(epilogue, imms, strict=True)]
+    direct = out_dt == "f32" and not epilogue  # accumulate straight into the output slot
+    slots = (ctx.in_slots, ctx.out_slots)
+    need = epilogue_sram_bytes(op, epilogue, slots, ctx.align, loaded)
     if need > ctx.sram_budget:
         hint = "; run the tile-matmul pass" if not op.attrs["tile"] else ""
         budget = ctx.sram_budget
@@ -69,11 +133,24 @@ def lower_matmul(op: MatMulOp, ctx: LoweringContext) -> Kernel:
     arena = ctx.arena()
     a_ring = arena.ring(ctx.in_slots, tm * tk * es, "A tile")
     b_ring = arena.ring(ctx.in_slots, tk * tn * es, "B tile")
+    other_rings = {}
+    for i, e in enumerate(epilogue):
+        if loaded[i]:
+            r_, c_, _ = _other_shape(e, tm, tn, mt.shape)
+            other_rings[i] = arena.ring(
+                ctx.in_slots, r_ * c_ * e.other.type.dtype.bits // 8, f"epilogue {i} tile"
+            )
     o_ring = arena.ring(ctx.out_slots, tm * tn * os_, "output tile")
     acc_buf = None if direct else arena.alloc(tm * tn * 4, "f32 accumulator")
+    work = (
+        arena.alloc(tm * tn * 4, "epilogue work tile")
+        if epilogue and (out_dt != "f32" or len(epilogue) > 1)
+        else None
+    )
     a_off = batch_offsets(at.shape[:-2], out_batch) * (m * k)
     b_off = batch_offsets(bt.shape[:-2], out_batch) * (n * k)
     em = ctx.emitter
+    epi = _Epilogue(ctx, op, epilogue, imms, other_rings, acc_buf, work) if epilogue else None
 
     def dma(mnemonic: str, dram: int, sram: int, rows: int, row_bytes: int, dram_stride: int):
         # SRAM tiles are dense: rows follow each other
@@ -92,7 +169,6 @@ def lower_matmul(op: MatMulOp, ctx: LoweringContext) -> Kernel:
             for k0 in range(0, k, tk):
                 kk = min(tk, k - k0)
                 sa, sb = a_ring.addr(r), b_ring.addr(r)
-                r += 1
                 loads = [dma("load", a_base + (i0 * k + k0) * es, sa, mm, kk * es, k * es)]
                 if trans_b:  # B is n x k: rows j0.., columns k0..
                     loads.append(dma("load", b_base + (j0 * k + k0) * es, sb, nn, kk * es, k * es))
@@ -103,7 +179,10 @@ def lower_matmul(op: MatMulOp, ctx: LoweringContext) -> Kernel:
                                acc=int(k0 > 0), trans_b=int(trans_b))  # fmt: skip
                 step = Step(loads, [mmul])
                 if k0 + kk >= k:
-                    if not direct:  # one rounding of the finished f32 tile
+                    if epi is not None:
+                        loads += epi.loads(r, bi, i0, j0, mm, nn)
+                        step.computes += epi.computes(r, o_slot, mm, nn)
+                    elif not direct:  # one rounding of the finished f32 tile
                         step.computes.append(em.emit("vun", func="copy", in_dtype="f32", out_dtype=out_dt,
                                                      dst=o_slot, src=acc_buf, rows=mm, cols=nn,
                                                      dst_stride=nn, src_stride=nn))  # fmt: skip
@@ -111,5 +190,85 @@ def lower_matmul(op: MatMulOp, ctx: LoweringContext) -> Kernel:
                         dma("store", c_base + (i0 * n + j0) * os_, o_slot, mm, nn * os_, n * os_)
                     )
                     g += 1
+                r += 1
                 steps.append(step)
-    return ctx.kernel(steps, arena)
+    kernel = ctx.kernel(steps, arena)
+    if epi is not None:
+        kernel.instr_debug = epi.debug
+    return kernel
+
+
+class _Epilogue:
+    """Builds the epilogue of one fused matmul kernel: per output tile, the loads of the other
+    operands' tiles and the compute chain (see the module doc)."""
+
+    def __init__(self, ctx: LoweringContext, op: MatMulOp, epilogue: Sequence[EpilogueOp], imms: list,
+                 rings: dict, acc: int, work: int | None) -> None:  # fmt: skip
+        self.ctx, self.op, self.epilogue, self.imms, self.rings = ctx, op, list(epilogue), imms, rings
+        self.acc, self.work = acc, work
+        shape = op.result.type.shape
+        self.batch_shape = shape[:-2]
+        self.strides = {i: _other_shape(epilogue[i], 1, 1, shape)[2] for i in rings}
+        self.debug: dict[int, dict] = {}
+
+    def loads(self, r: int, bi: int, i0: int, j0: int, mm: int, nn: int) -> list:
+        """Loads of the other operands' tiles for output tile (batch ``bi``, rows i0.., cols j0..)
+        into input slot ``r``."""
+        out = []
+        idx = np.unravel_index(bi, self.batch_shape) if self.batch_shape else ()
+        for i, ring in self.rings.items():
+            e, st = self.epilogue[i], self.strides[i]
+            addr, t = self.ctx.dram(e.other)
+            esz = t.dtype.bits // 8
+            sr, sc = st[-2], st[-1]
+            base = (
+                addr + (sum(int(a) * s for a, s in zip(idx, st[:-2], strict=True)) + i0 * sr + j0 * sc) * esz
+            )
+            rows, row_bytes = (mm if sr else 1), (nn if sc else 1) * esz
+            with self.ctx.emitter.node(e.op) as dctx:
+                instr = self.ctx.emitter.emit(
+                    "load", dram=base, sram=ring.addr(r), rows=rows, row_bytes=row_bytes,
+                    dram_stride=sr * esz if sr else row_bytes, sram_stride=row_bytes,
+                )  # fmt: skip
+            self.debug[id(instr)] = dict(dctx)
+            out.append(instr)
+        return out
+
+    def computes(self, r: int, o_slot: int, mm: int, nn: int) -> list:
+        """Round the finished f32 tile to the product's dtype, then apply every epilogue op; the
+        last writes ``o_slot``."""
+        em, out = self.ctx.emitter, []
+        shape = dict(rows=mm, cols=nn, dst_stride=nn)
+        cur = self.acc
+        mt = self.op.result.type.dtype.name
+        if mt != "f32":
+            out.append(em.emit("vun", func="copy", in_dtype="f32", out_dtype=mt, dst=self.work, src=self.acc,
+                               src_stride=nn, **shape))  # fmt: skip
+            cur = self.work
+        for i, e in enumerate(self.epilogue):
+            dst = o_slot if i == len(self.epilogue) - 1 else (self.work if cur == self.acc else self.acc)
+            in_dt = e.op.operands[0].type.dtype.name
+            common = dict(
+                func=e.func, in_dtype=in_dt, out_dtype=e.op.result.type.dtype.name, dst=dst, **shape
+            )
+            with em.node(e.op) as dctx:
+                if e.other is None:
+                    instr = em.emit("vun", src=cur, src_stride=nn, **common)
+                elif self.imms[i] is not None:
+                    instr = em.emit(
+                        "vbini", src0=cur, s0_stride=nn, imm=self.imms[i], rev=e.chain_index, **common
+                    )
+                else:
+                    st = self.strides[i]
+                    other = dict(addr=self.rings[i].addr(r), stride=(nn if st[-1] else 1) if st[-2] else 0,
+                                 bcast=0 if st[-1] else 1)  # fmt: skip
+                    chain = dict(addr=cur, stride=nn, bcast=0)
+                    x, y = (chain, other) if e.chain_index == 0 else (other, chain)
+                    instr = em.emit(
+                        "vbin", src0=x["addr"], s0_stride=x["stride"], s0_bcast=x["bcast"],
+                        src1=y["addr"], s1_stride=y["stride"], s1_bcast=y["bcast"], **common,
+                    )  # fmt: skip
+            self.debug[id(instr)] = dict(dctx)
+            out.append(instr)
+            cur = dst
+        return out

@@ -13,7 +13,7 @@ function inputs, the outputs, and a scratch region where intermediates share spa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,8 +169,12 @@ class DramPlan:
     size: int = 0
 
 
-def plan_dram(module: Any) -> DramPlan:
+def plan_dram(module: Any, positions: Mapping[Any, int] | None = None) -> DramPlan:
     """Plan DRAM for every function of ``module`` (a verified IR module).
+
+    ``positions`` (optional) gives an op's place in the order of execution for liveness (default:
+    its index in its function); the backend's epilogue fusion runs a group's ops at its head's
+    index, so values they read stay live, and results they write start, there.
 
     Layout: the CNST blob at address 0 (each constant 64-byte aligned, module order), then per
     function (in module order): one region per input, one per output, then a scratch region where
@@ -199,12 +203,12 @@ def plan_dram(module: Any) -> DramPlan:
         plan.regions.append({"name": "constants", "kind": "const", "dram": 0, "bytes": len(blob)})
     cursor = len(blob)
     for fn in module.functions.values():
-        cursor = _plan_function(fn, plan, cursor)
+        cursor = _plan_function(fn, plan, cursor, positions or {})
     plan.size = align_up(cursor, DRAM_ALIGN)
     return plan
 
 
-def _plan_function(fn: Any, plan: DramPlan, cursor: int) -> int:
+def _plan_function(fn: Any, plan: DramPlan, cursor: int, positions: Mapping[Any, int]) -> int:
     root: dict = {}  # value -> the value owning its bytes
     for arg in fn.args:
         _check_storable(arg, f"func @{fn.name} input '{arg.name}'")
@@ -218,6 +222,7 @@ def _plan_function(fn: Any, plan: DramPlan, cursor: int) -> int:
     first: dict = {}
     last: dict = {}
     for idx, op in enumerate(fn.ops):
+        idx = positions.get(op, idx)
         for v in op.operands:
             r = root.get(v, v)
             last[r] = max(last.get(r, idx), idx)

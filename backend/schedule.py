@@ -93,7 +93,9 @@ class Kernel:
     """The steps of one IR op's lowering and its SRAM slot counts (2 = double buffering, 1 = off).
 
     ``debug`` is the DBUG record of every instruction of the kernel (set by the compile driver
-    from the op being lowered when the lowering leaves it None).  ``sram_bytes`` is the kernel's
+    from the op being lowered when the lowering leaves it None); ``instr_debug`` overrides it
+    for single instructions, keyed by ``id`` of the Instr as the lowering built it (a fused
+    epilogue's instructions are attributed to the op they compute).  ``sram_bytes`` is the kernel's
     planned SRAM footprint (its arena peak) from address ``sram_base``, reported in the memory
     map (the scheduler reads the SRAM a kernel really touches from its instructions).
     """
@@ -104,6 +106,7 @@ class Kernel:
     debug: dict | None = None
     sram_bytes: int = 0
     sram_base: int = 0
+    instr_debug: dict[int, dict] | None = None
 
     def __post_init__(self) -> None:
         if self.in_slots < 1 or self.out_slots < 1:
@@ -281,6 +284,7 @@ def _schedule_kernel(kernel: Kernel, out: list[Instr], dbg: list, ends: _Ends) -
         loads = list(step.loads)
         ex = list(step.computes) or ([_NOP] if (step.loads or step.stores) else [])
         stores = list(step.stores)
+        built = (*loads, *ex, *stores)  # before token bits replace them (instr_debug keys)
         if loads:
             if r >= kernel.in_slots:
                 loads[0] = _bits(loads[0], wait=1 << release[r - kernel.in_slots])
@@ -313,9 +317,10 @@ def _schedule_kernel(kernel: Kernel, out: list[Instr], dbg: list, ends: _Ends) -
             group_open = True
         if loads:
             r += 1
-        for instr in (*loads, *ex, *stores):
+        own = kernel.instr_debug or {}
+        for instr, orig in zip((*loads, *ex, *stores), built, strict=True):
             out.append(instr)
-            dbg.append(kernel.debug)
+            dbg.append(own.get(id(orig), kernel.debug))
         if ex:
             last_ex = len(out) - 1 - len(stores)
     at = len(out) - 1 if n_store else last_ex

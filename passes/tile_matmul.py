@@ -147,11 +147,16 @@ class TileMatmulPass(Pass):
     the backend then overlaps a kernel's independent loads with the previous kernel (see
     docs/backend.md); tiles do not depend on it (a tile too big for half the SRAM makes its
     kernel wait for the previous one instead).
+    Option ``fuse-epilogue`` (default true) is recorded as ``module.attrs["fuse_epilogue"]``: the
+    backend then computes elementwise ops that consume a matmul's result alone on its output
+    tiles in SRAM (``backend/fusion.py``); tiles do not depend on it (a fused kernel that does not
+    fit SRAM is lowered unfused), and the bits are the same either way.
     """
 
     name: ClassVar[str] = "tile-matmul"
     double_buffer: bool = True
     prefetch: bool = True
+    fuse_epilogue: bool = True
 
     def apply(self, module: Module, ctx: PassContext) -> Module:
         target = ctx.target
@@ -174,4 +179,5 @@ class TileMatmulPass(Pass):
             op.attrs["tile"] = [int(t) for t in tile]
         module.attrs["double_buffer"] = self.double_buffer
         module.attrs["prefetch"] = self.prefetch
+        module.attrs["fuse_epilogue"] = self.fuse_epilogue
         return module
