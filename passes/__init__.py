@@ -48,6 +48,7 @@ PASS_MODULES: tuple[str, ...] = (
     "mcpc.passes.dce",
     "mcpc.passes.convert_precision",
     "mcpc.passes.tile_matmul",
+    "mcpc.passes.npu_schedule",
 )
 
 

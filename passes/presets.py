@@ -6,8 +6,8 @@ There are no opt-levels: every preset is an explicit, readable pipeline string, 
 """
 
 PRESETS: dict[str, str] = {
-    "fp32": "fold-constants,dce,tile-matmul",
-    "fp16": "fold-constants,convert-precision{dtype=f16},dce,tile-matmul",
+    "fp32": "fold-constants,dce,tile-matmul,npu-schedule",
+    "fp16": "fold-constants,convert-precision{dtype=f16},dce,tile-matmul,npu-schedule",
 }
 
 

@@ -140,23 +140,11 @@ class TileMatmulPass(Pass):
     (<= 65535), whose double-buffered kernel fits the target's SRAM; results change only by the
     f32 accumulation order.  Re-running gives the same tiles (a function of shapes and target).
 
-    Option ``double-buffer`` (default true) is recorded as ``module.attrs["double_buffer"]``,
-    which the backend follows unless its own ``BackendOptions.double_buffer`` is set.  Tiles are
-    chosen for double-buffered slots either way, so turning it off changes time, never bits.
-    Option ``prefetch`` (default true) is recorded as ``module.attrs["prefetch"]`` the same way:
-    the backend then overlaps a kernel's independent loads with the previous kernel (see
-    docs/backend.md); tiles do not depend on it (a tile too big for half the SRAM makes its
-    kernel wait for the previous one instead).
-    Option ``fuse-epilogue`` (default true) is recorded as ``module.attrs["fuse_epilogue"]``: the
-    backend then computes elementwise ops that consume a matmul's result alone on its output
-    tiles in SRAM (``backend/fusion.py``); tiles do not depend on it (a fused kernel that does not
-    fit SRAM is lowered unfused), and the bits are the same either way.
+    The tiles assume double-buffered slots whatever ``npu-schedule`` then chooses, so the
+    scheduling options change time, never bits.
     """
 
     name: ClassVar[str] = "tile-matmul"
-    double_buffer: bool = True
-    prefetch: bool = True
-    fuse_epilogue: bool = True
 
     def apply(self, module: Module, ctx: PassContext) -> Module:
         target = ctx.target
@@ -177,7 +165,4 @@ class TileMatmulPass(Pass):
             except PassError as exc:
                 raise PassError(f"{exc.message} ({op.describe()})") from None
             op.attrs["tile"] = [int(t) for t in tile]
-        module.attrs["double_buffer"] = self.double_buffer
-        module.attrs["prefetch"] = self.prefetch
-        module.attrs["fuse_epilogue"] = self.fuse_epilogue
         return module

@@ -88,13 +88,14 @@ CASES = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
-@pytest.mark.parametrize("case", sorted(CASES))
+# row_scale_cast casts to f32: with f32 operands there is no cast to fuse, so that pair is not built.
+@pytest.mark.parametrize(
+    "case,dtype",
+    [(c, d) for c in sorted(CASES) for d in ("f32", "f16", "bf16") if (c, d) != ("row_scale_cast", "f32")],
+)
 def test_fused_epilogue_is_bit_exact_and_one_kernel(case, dtype):
     body, args = CASES[case]
     module = build(args(dtype), lambda fn, a, mm: body(fn, a, mm, dtype))
-    if case == "row_scale_cast" and dtype == "f32":
-        pytest.skip("cast f32 -> f32 is not a cast")
     inputs = random_inputs(module)
     _, instrs, program = compile_check(module, inputs, target=A100)  # bits, races, SRAM
     assert program.meta["fuse_epilogue"] is True
@@ -235,7 +236,9 @@ def test_pass_option_turns_fusion_off(tmp_path):
 
     path = tmp_path / "mlp.onnx"
     onnx.save(mlp(), path)
-    off = mcpc.compile(path, qat_config="fp32.yaml", passes="dce,tile-matmul{fuse-epilogue=false}")
+    off = mcpc.compile(
+        path, qat_config="fp32.yaml", passes="dce,tile-matmul,npu-schedule{fuse-epilogue=false}"
+    )
     assert off.module.attrs["fuse_epilogue"] is False and off.program.meta["fuse_epilogue"] is False
     on = mcpc.compile(path, qat_config="fp32.yaml")
     assert on.program.meta["fuse_epilogue"] is True

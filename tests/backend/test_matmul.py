@@ -185,7 +185,7 @@ def test_pass_option_turns_double_buffering_off_without_changing_bits():
 
     target = load_target("mcp2026-a10")
     runs = []
-    for text in ("tile-matmul", "tile-matmul{double-buffer=false}"):
+    for text in ("tile-matmul,npu-schedule", "tile-matmul,npu-schedule{double-buffer=false}"):
         mod = matmul_module((256, 1024), (1024, 512), "f16")
         for p in build_pipeline(text):
             p.apply(mod, PassContext(target=target))

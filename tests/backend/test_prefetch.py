@@ -61,7 +61,7 @@ def test_prefetch_is_race_free_bit_identical_and_faster(models, target, qat_conf
 
 def test_pass_option_turns_prefetch_off(models):
     _, path, _, _ = models[0]
-    result = mcpc.compile(path, qat_config="fp32.yaml", passes="dce,tile-matmul{prefetch=false}")
+    result = mcpc.compile(path, qat_config="fp32.yaml", passes="dce,tile-matmul,npu-schedule{prefetch=false}")
     assert result.module.attrs["prefetch"] is False and result.program.meta["prefetch"] is False
 
 

@@ -92,7 +92,7 @@ def test_large_elementwise_is_dram_bound(tmp_path, target):
 def test_double_buffering_off_adds_cycles(tmp_path):
     model, inputs = _matmul_model(512, 2048, 2048)
     on = compile_and_run(tmp_path, model, inputs, "mcp2026-a10", "fp16.yaml", name="on")
-    pipeline = "fold-constants,convert-precision{dtype=f16},dce,tile-matmul{double-buffer=false}"
+    pipeline = "fold-constants,convert-precision{dtype=f16},dce,tile-matmul,npu-schedule{double-buffer=false}"
     off = compile_and_run(tmp_path, model, inputs, "mcp2026-a10", "fp16.yaml", passes=pipeline, name="off")
     assert off[1]["cycles"] > on[1]["cycles"] * 1.05, (on[1]["cycles"], off[1]["cycles"])
     np.testing.assert_array_equal(on[0]["y"], off[0]["y"])  # same tiles, same bits: only time differs
