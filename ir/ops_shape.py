@@ -12,6 +12,14 @@ from mcpc.ir.core import Attr, Operation
 from mcpc.ir.ops_core import broadcast_shapes, normalize_axis
 
 
+def static_shape(dims) -> tuple[int, ...]:
+    """A ``shape`` attribute as a tuple; ValueError when a dim is negative (must be fully static)."""
+    shape = tuple(int(d) for d in dims)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"shape {list(shape)} has a negative dim (must be fully static)")
+    return shape
+
+
 class ReshapeOp(Operation):
     """``mcp.reshape x {shape}``: same elements in row-major order, new static shape.
 
@@ -25,9 +33,7 @@ class ReshapeOp(Operation):
     @classmethod
     def infer_types(cls, operand_types, attrs):
         (x,) = operand_types
-        shape = tuple(int(d) for d in attrs["shape"])
-        if any(d < 0 for d in shape):
-            raise ValueError(f"shape {list(shape)} has a negative dim (must be fully static)")
+        shape = static_shape(attrs["shape"])
         if prod(shape) != x.numel:
             raise ValueError(f"cannot reshape {x} ({x.numel} elements) to {list(shape)}")
         return [x.with_shape(shape)]
@@ -149,7 +155,4 @@ class BroadcastOp(Operation):
     @classmethod
     def infer_types(cls, operand_types, attrs):
         (x,) = operand_types
-        shape = tuple(int(d) for d in attrs["shape"])
-        if any(d < 0 for d in shape):
-            raise ValueError(f"shape {list(shape)} has a negative dim")
-        return [x.with_shape(broadcast_shapes(x.shape, shape))]
+        return [x.with_shape(broadcast_shapes(x.shape, static_shape(attrs["shape"])))]
