@@ -44,14 +44,14 @@ class BackendOptions:
 
     ``double_buffer``: two SRAM slots per kernel input/output so loads overlap compute (False:
     one slot, for comparison); None follows ``module.attrs["double_buffer"]`` (set by the
-    tile-matmul pass option), default True.  ``prefetch``: consecutive kernels get disjoint
+    npu-schedule pass option), default True.  ``prefetch``: consecutive kernels get disjoint
     SRAM regions when they fit, so that a kernel's loads that wait for nothing still pending
     (weights, inputs, finished results) run during the previous kernel (False: every kernel
     boundary is a full barrier, for comparison); None follows ``module.attrs["prefetch"]`` (the
-    tile-matmul pass option), default True.  ``fuse_epilogue``: elementwise ops consuming a
+    npu-schedule pass option), default True.  ``fuse_epilogue``: elementwise ops consuming a
     matmul's result alone are computed on its output tiles in SRAM (``backend/fusion.py``)
     instead of in kernels of their own (False: one kernel per op, for comparison); None follows
-    ``module.attrs["fuse_epilogue"]`` (the tile-matmul pass option), default True.  None of the
+    ``module.attrs["fuse_epilogue"]`` (the npu-schedule pass option), default True.  None of the
     three changes bits.  ``precision`` / ``rtol`` /
     ``atol`` override what META records (default: ``module.attrs["precision"]`` and its tolerances);
     ``passes`` and ``source_model`` are recorded in META as given."""
