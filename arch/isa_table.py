@@ -29,12 +29,32 @@ DTYPE_BYTES: dict[str, float] = {
 }  # fmt: skip
 
 ENUMS: dict[str, tuple[str, ...]] = {
-    "vbin": ("add", "sub", "mul", "div", "pow", "max", "min", "eq", "lt", "gt"),
-    "vun": ("copy", "neg", "exp", "tanh", "erf", "sqrt", "recip", "relu", "sigmoid", "gelu", "abs", "rsqrt"),
+    "vbin": ("add", "sub", "mul", "div", "pow", "max", "min", "eq", "lt", "gt", "mod", "fmod"),
+    # 16 functions fill the 4-bit field: a new unary function needs a wider field (a new ISA version)
+    "vun": (
+        "copy",
+        "neg",
+        "exp",
+        "tanh",
+        "erf",
+        "sqrt",
+        "recip",
+        "relu",
+        "sigmoid",
+        "gelu",
+        "abs",
+        "rsqrt",
+        "sin",
+        "cos",
+        "log",
+        "floor",
+    ),
     "vred": ("sum", "max", "min"),
 }
 # Unary functions executed by the special-function unit (timed with ``vector.sfu_lanes``).
-SFU_FUNCS = frozenset({"exp", "tanh", "erf", "sqrt", "recip", "rsqrt", "sigmoid", "gelu"})
+SFU_FUNCS = frozenset(
+    {"exp", "tanh", "erf", "sqrt", "recip", "rsqrt", "sigmoid", "gelu", "sin", "cos", "log"}
+)
 # Fields holding byte addresses: printed in hex by the disassembler.
 ADDRESS_FIELDS = frozenset({"dram", "sram", "sram_idx", "a", "b", "c", "dst", "src", "src0", "src1", "cond"})
 

@@ -11,7 +11,8 @@ Rules that make that possible:
   product computed by ``matmul_tile`` on exactly the tile's shape.  ``tk`` is part of the op
   (the tiling pass sets it), so the compiled op and the binary share one accumulation order.
 * Reductions run along the last axis of a contiguous 2-D (rows, cols) array, whole rows at once.
-* Special functions are evaluated in f64 and rounded to f32 (deterministic, element by element).
+* Special functions (exp, tanh, erf, sqrt, rsqrt, recip, sigmoid, gelu, sin, cos, log) are
+  evaluated in f64 and rounded to f32 (deterministic, element by element).
 
 This module must not import the compiler (mcpc.ir, mcpc.passes, mcpc.backend) or onnx.
 """
@@ -108,6 +109,8 @@ _BINARY = {
     "eq": np.equal,
     "lt": np.less,
     "gt": np.greater,
+    "mod": None,  # remainder with the sign of the divisor (Python %, ONNX Mod fmod=0)
+    "fmod": None,  # remainder with the sign of the dividend (C fmod, ONNX Mod fmod=1)
 }
 COMPARISONS = frozenset({"eq", "lt", "gt"})
 
@@ -124,11 +127,27 @@ def binary(func: str, a: np.ndarray, b: np.ndarray, out: str) -> np.ndarray:
                 r = q + ((np.remainder(wa, wb) != 0) & ((wa < 0) != (wb < 0)))
             else:
                 r = np.divide(wa, wb)
+        elif func in ("mod", "fmod"):
+            r = _remainder(func, wa, wb)
         elif func == "pow" and np.issubdtype(wa.dtype, np.floating):
             r = np.power(wa, wb.astype(np.float32)).astype(np.float32)
         else:
             r = _BINARY[func](wa, wb)
     return cast(np.asarray(r), out)
+
+
+def _remainder(func: str, wa: np.ndarray, wb: np.ndarray) -> np.ndarray:
+    """``mod``/``fmod`` in the compute dtype (numpy's definitions).  Exact for ints, where a zero
+    divisor gives 0 (undefined in ONNX).  For floats ``fmod`` is exact; ``mod`` is ``fmod`` plus the
+    divisor when the signs differ, that one addition rounded in f32 (as Python's ``%``); x mod 0 is
+    NaN."""
+    if func == "fmod":
+        r = np.fmod(wa, wb)
+    else:
+        r = np.mod(wa, wb)
+    if np.issubdtype(r.dtype, np.integer):
+        r = np.where(wb == 0, r.dtype.type(0), r)
+    return r
 
 
 def _gelu(x64):
@@ -148,6 +167,9 @@ _UNARY_F64 = {
     "recip": lambda x: 1.0 / x,
     "sigmoid": _sigmoid,
     "gelu": _gelu,
+    "sin": np.sin,
+    "cos": np.cos,
+    "log": np.log,
 }
 SPECIAL_FUNCTIONS = frozenset(_UNARY_F64)
 
@@ -164,6 +186,8 @@ def unary(func: str, x: np.ndarray, out: str) -> np.ndarray:
             r = np.negative(w)
         elif func == "abs":
             r = np.abs(w)
+        elif func == "floor":
+            r = np.floor(w)  # exact in f32 (and the identity on ints)
         elif func == "relu":
             r = np.maximum(w, w.dtype.type(0))
         else:

@@ -153,11 +153,13 @@ def elementwise_kernel(op, ctx: LoweringContext, operands, build, imms=None) -> 
 
 
 # -- ops -----------------------------------------------------------------------------------------
-_BINARY = (ops.AddOp, ops.SubOp, ops.MulOp, ops.DivOp, ops.PowOp, ops.MaxOp, ops.MinOp)
+_BINARY = (
+    ops.AddOp, ops.SubOp, ops.MulOp, ops.DivOp, ops.PowOp, ops.MaxOp, ops.MinOp, ops.ModOp, ops.FmodOp,
+)  # fmt: skip
 _COMPARE = (ops.EqualOp, ops.LessOp, ops.GreaterOp)
 _UNARY = (
     ops.NegOp, ops.AbsOp, ops.ExpOp, ops.TanhOp, ops.ErfOp, ops.SqrtOp, ops.RsqrtOp,
-    ops.ReciprocalOp, ops.ReluOp, ops.SigmoidOp, ops.GeluOp,
+    ops.ReciprocalOp, ops.ReluOp, ops.SigmoidOp, ops.GeluOp, ops.SinOp, ops.CosOp, ops.LogOp, ops.FloorOp,
 )  # fmt: skip
 
 

@@ -118,7 +118,9 @@ def _constant(op, args):
     return [op.attrs["value"]]
 
 
-_BINARY_OPS = (ops.AddOp, ops.SubOp, ops.MulOp, ops.DivOp, ops.PowOp, ops.MaxOp, ops.MinOp)
+_BINARY_OPS = (
+    ops.AddOp, ops.SubOp, ops.MulOp, ops.DivOp, ops.PowOp, ops.MaxOp, ops.MinOp, ops.ModOp, ops.FmodOp,
+)  # fmt: skip
 _COMPARE_OPS = (ops.EqualOp, ops.LessOp, ops.GreaterOp)
 _UNARY_OPS = (
     ops.NegOp,
@@ -132,6 +134,10 @@ _UNARY_OPS = (
     ops.ReluOp,
     ops.SigmoidOp,
     ops.GeluOp,
+    ops.SinOp,
+    ops.CosOp,
+    ops.LogOp,
+    ops.FloorOp,
 )
 
 

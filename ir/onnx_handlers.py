@@ -103,6 +103,10 @@ _UNARY = {
     "Erf": ops.ErfOp,
     "Relu": ops.ReluOp,
     "Sigmoid": ops.SigmoidOp,
+    "Sin": ops.SinOp,
+    "Cos": ops.CosOp,
+    "Log": ops.LogOp,
+    "Floor": ops.FloorOp,
 }
 
 
@@ -122,6 +126,14 @@ def _variadic(ctx, ins):
 @handles(*_UNARY)
 def _unary(ctx, ins):
     return [ctx.emit(_UNARY[ctx.node.op_type], ins[:1])]
+
+
+@handles("Ceil")
+def _ceil(ctx, ins):
+    # ceil(x) = -floor(-x) exactly (negation is exact; ceil(-0.5) = -0.0 as IEEE wants), so the
+    # vector unit needs no separate ceil function
+    neg = ctx.emit(ops.NegOp, ins[:1])
+    return [ctx.emit(ops.NegOp, [ctx.emit(ops.FloorOp, [neg])])]
 
 
 @handles("Clip")

@@ -61,6 +61,20 @@ class MinOp(BinaryOp):
     name, func = "mcp.min", "min"
 
 
+class ModOp(BinaryOp):
+    """Remainder with the sign of the divisor, ``a - floor(a / b)·b`` (Python ``%``; ONNX Mod
+    fmod=0).  Exact for ints (a zero divisor gives 0); floats: ``numerics.binary("mod")``."""
+
+    name, func = "mcp.mod", "mod"
+
+
+class FmodOp(BinaryOp):
+    """Remainder with the sign of the dividend, ``a - trunc(a / b)·b`` (C ``fmod``; ONNX Mod
+    fmod=1).  Exact for ints (a zero divisor gives 0) and floats."""
+
+    name, func = "mcp.fmod", "fmod"
+
+
 class EqualOp(BinaryOp):
     name, func, IS_COMPARISON = "mcp.equal", "eq", True
 
@@ -132,6 +146,26 @@ class GeluOp(UnaryOp):
     """Exact GELU, 0.5·x·(1 + erf(x/√2)) (ONNX Gelu approximate="none")."""
 
     name, func = "mcp.gelu", "gelu"
+
+
+class SinOp(UnaryOp):
+    name, func = "mcp.sin", "sin"
+
+
+class CosOp(UnaryOp):
+    name, func = "mcp.cos", "cos"
+
+
+class LogOp(UnaryOp):
+    """Natural logarithm: log(0) = -inf, log(x < 0) = NaN."""
+
+    name, func = "mcp.log", "log"
+
+
+class FloorOp(UnaryOp):
+    """Largest integer not above x, exact (keeps -0.0, inf and NaN).  Ceil is ``-floor(-x)``."""
+
+    name, func = "mcp.floor", "floor"
 
 
 class CastOp(Operation):

@@ -124,6 +124,14 @@ def test_binary_broadcasts_bit_exact(dtype, shapes):
         compile_check(single_op(cls, [(sa, dtype), (sb, dtype)]))
 
 
+@pytest.mark.parametrize("dtype", ["i32", "i64", "i8", "f32", "f16"])
+def test_mod_and_fmod_bit_exact(dtype):
+    # random integers include zero divisors (defined as 0); float mod by 0 is NaN on both sides
+    for cls in (ops.ModOp, ops.FmodOp):
+        compile_check(single_op(cls, [((4, 9), dtype), ((9,), dtype)]))
+        compile_check(single_op(cls, [((3, 1), dtype), ((1, 6), dtype)]))
+
+
 def test_pow_and_i8_arithmetic():
     compile_check(single_op(ops.PowOp, [((4, 9), "f32"), ((9,), "f32")]))
     compile_check(single_op(ops.MulOp, [((4, 9), "i8"), ((4, 1), "i8")]))
@@ -155,7 +163,8 @@ def test_constants_not_exact_in_f32_are_loaded():
 
 # -- unary, cast, select --------------------------------------------------------------------------
 UNARY = [ops.NegOp, ops.AbsOp, ops.ExpOp, ops.TanhOp, ops.ErfOp, ops.SqrtOp, ops.RsqrtOp,
-         ops.ReciprocalOp, ops.ReluOp, ops.SigmoidOp, ops.GeluOp]  # fmt: skip
+         ops.ReciprocalOp, ops.ReluOp, ops.SigmoidOp, ops.GeluOp, ops.SinOp, ops.CosOp, ops.LogOp,
+         ops.FloorOp]  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])

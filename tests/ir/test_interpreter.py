@@ -96,6 +96,26 @@ def test_integer_binary_ops():
     assert run(O.DivOp, [big, np.array([3], dtype=np.int64)]).tolist() == [(2**62 + 1) // 3]
 
 
+def test_mod_and_fmod():
+    a = np.array([-7, 7, -7, 7, 5, -(2**31)], dtype=np.int32)
+    b = np.array([2, -2, -2, 2, 0, -1], dtype=np.int32)
+    assert run(O.ModOp, [a, b]).tolist() == [1, -1, -1, 1, 0, 0]  # sign of the divisor; x mod 0 = 0
+    assert run(O.FmodOp, [a, b]).tolist() == [-1, 1, -1, 1, 0, 0]  # sign of the dividend
+    big = np.array([2**62 + 5], dtype=np.int64)
+    assert run(O.ModOp, [big, np.array([-3], dtype=np.int64)]).tolist() == [(2**62 + 5) % -3]
+    x = np.array([-7.5, 7.5, -0.0, 1e30], dtype=np.float32)
+    y = np.array([2.0, -2.0, 3.0, 7.0], dtype=np.float32)
+    got = run(O.FmodOp, [x, y])
+    assert got.tolist() == np.fmod(x, y).tolist() and np.signbit(got[2])
+
+
+def test_floor_keeps_signed_zero_and_specials():
+    x = np.array([-0.0, -0.5, 2.5, np.inf, -np.inf, np.nan, 3e9], dtype=np.float32)
+    got = run(O.FloorOp, [x])
+    np.testing.assert_array_equal(got, np.floor(x))
+    assert np.signbit(got[0]) and got[1] == -1.0
+
+
 UNARY = {
     O.NegOp: np.negative,
     O.AbsOp: np.abs,
@@ -109,6 +129,17 @@ UNARY = {
     O.SigmoidOp: lambda x: 1 / (1 + np.exp(-x)),
     O.GeluOp: lambda x: 0.5 * x * (1 + special.erf(x / math.sqrt(2))),
 }
+# Kept apart with their own generator: drawing from RNG would change the data of later tests.
+UNARY_LATER = {O.SinOp: np.sin, O.CosOp: np.cos, O.LogOp: lambda x: np.log(np.abs(x)), O.FloorOp: np.floor}
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("cls", list(UNARY_LATER), ids=lambda c: c.name)
+def test_later_unary_close_to_f64(cls, dtype):
+    x = (np.random.default_rng(7).standard_normal((4, 5)) * 4).astype(np.float32).astype(dtype)
+    if cls is O.LogOp:
+        x = np.abs(x)
+    close(run(cls, [x]), UNARY_LATER[cls](x.astype(np.float64)), dtype)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)

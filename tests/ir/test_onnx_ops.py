@@ -133,6 +133,11 @@ CASES = [
     Case("sigmoid", "Sigmoid", {"x": f(3, 5)}),
     Case("gelu", "Gelu", {"x": f(3, 5)}, opset=20),
     Case("gelu_tanh", "Gelu", {"x": f(3, 5)}, attrs={"approximate": "tanh"}, opset=20),
+    Case("sin", "Sin", {"x": f(3, 5) * 4}),
+    Case("cos", "Cos", {"x": f(3, 5) * 4}),
+    Case("log", "Log", {"x": f(3, 5, lo=0.01)}),
+    Case("floor", "Floor", {"x": f(3, 5) * 3}),
+    Case("ceil", "Ceil", {"x": f(3, 5) * 3}),
     Case("identity", "Identity", {"x": f(2, 3)}),
     Case("dropout", "Dropout", {"x": f(2, 3)}),
     # casts

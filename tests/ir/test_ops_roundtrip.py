@@ -23,10 +23,10 @@ _REDUCE = ([t(2, 3, 4)], {"axes": [0, -1], "keepdims": False})
 SAMPLES = {
     "mcp.constant": ([], {"value": np.arange(6, dtype=np.float32).reshape(2, 3)}),
     "mcp.return": None,  # every sample ends in one; see test_return_of_argument
-    **{f"mcp.{n}": _BINARY for n in ("add", "sub", "mul", "div", "pow", "max", "min")},
+    **{f"mcp.{n}": _BINARY for n in ("add", "sub", "mul", "div", "pow", "max", "min", "mod", "fmod")},
     **{f"mcp.{n}": _BINARY for n in ("equal", "less", "greater")},
     **{f"mcp.{n}": _UNARY for n in ("neg", "abs", "exp", "tanh", "erf", "sqrt", "rsqrt", "reciprocal")},
-    **{f"mcp.{n}": _UNARY for n in ("relu", "sigmoid", "gelu")},
+    **{f"mcp.{n}": _UNARY for n in ("relu", "sigmoid", "gelu", "sin", "cos", "log", "floor")},
     "mcp.cast": ([t(2, 3)], {"to": BF16}),
     "mcp.select": ([t(2, 3, dtype=I1), t(2, 3), t(1, 3)], {}),
     "mcp.matmul": (

@@ -149,3 +149,21 @@ def test_small_m_underfills_the_array():
     code = "matmul a=0 b=0x1000 c=0x40000 m=1 n=128 k=512 a_stride=512 b_stride=128 c_stride=128 in_dtype=f16"
     res = run_program(loaded(build(code, target="mcp2026-edge")[0]), {})
     assert res.profile["roofline"]["mac_utilization"] < 1 / 32
+
+
+def test_special_functions_use_the_sfu_lanes():
+    from mcpc.arch.isa import Instr
+    from mcpc.arch.target import load_target
+    from mcpc.sim.timing import instr_cost
+
+    tgt = load_target("mcp2026-a100")
+    vec = tgt.vector
+
+    def busy(func: str) -> int:
+        return instr_cost(Instr("vun", {"func": func, "rows": 64, "cols": 512}), tgt).busy - vec.latency
+
+    n = 64 * 512
+    for func in ("sin", "cos", "log", "exp"):
+        assert busy(func) == -(-n // vec.sfu_lanes), func
+    for func in ("floor", "neg", "copy"):
+        assert busy(func) == -(-n // tgt.vector_lanes_for("f32")), func
