@@ -232,9 +232,11 @@ BCAST = {"s1_stride": 1, "s1_bcast": 1}  # src1 holds one value per row
 ROW_PARAM = {"s1_stride": 0}  # src1 is one row repeated (scale, bias)
 
 
-@register_lowering(ops.SoftmaxOp)
+@register_lowering(ops.SoftmaxOp, ops.LogSoftmaxOp)
 def lower_softmax(op, ctx: LoweringContext) -> list[Kernel]:
-    """max, sub, exp, sum, div on whole rows along ``axis`` (interpreter's ``_softmax``)."""
+    """max, sub, exp, sum, div on whole rows along ``axis`` (interpreter's ``_softmax``);
+    log_softmax keeps ``x - max`` and ends with log of the sum, sub instead of the div."""
+    log = isinstance(op, ops.LogSoftmaxOp)
     xd, od = op.operands[0].type.dtype.name, op.result.type.dtype.name
     axis = op.attrs["axis"] % op.operands[0].type.rank
 
@@ -243,18 +245,33 @@ def lower_softmax(op, ctx: LoweringContext) -> list[Kernel]:
         w, m, s = t.scratch["w"], t.scratch["m"], t.scratch["s"]
         first = [r.full("vred", func="max", in_dtype=xd, dst=m, src=t.src)]
         widen, x32 = r.widen(xd, w)
+        sub = [r.full("vbin", func="sub", dst=w, src0=x32, src1=m, **BCAST)]
+        if log:  # d = x - max stays in w, exp(d) goes to scratch e
+            e = t.scratch["e"]
+            return (
+                first
+                + widen
+                + sub
+                + [
+                    r.full("vun", func="exp", dst=e, src=w),
+                    r.full("vred", func="sum", dst=s, src=e),
+                    r.col("vun", func="log", dst=s, src=s),
+                    r.full("vbin", func="sub", out_dtype=od, dst=t.dst, src0=w, src1=s, **BCAST),
+                ]
+            )
         return (
             first
             + widen
+            + sub
             + [
-                r.full("vbin", func="sub", dst=w, src0=x32, src1=m, **BCAST),
                 r.full("vun", func="exp", dst=w, src=w),
                 r.full("vred", func="sum", dst=s, src=w),
                 r.full("vbin", func="div", out_dtype=od, dst=t.dst, src0=w, src1=s, **BCAST),
             ]
         )
 
-    return row_kernel(op, ctx, [axis], True, {"w": ROW, "m": ONE, "s": ONE}, body)
+    scratch = {"w": ROW, "m": ONE, "s": ONE, **({"e": ROW} if log else {})}
+    return row_kernel(op, ctx, [axis], True, scratch, body)
 
 
 @register_lowering(ops.LayerNormOp)

@@ -187,7 +187,7 @@ def _rows(x: np.ndarray, axis: int) -> np.ndarray:
     return np.asarray(moved, order="C").reshape(-1, x.shape[axis])
 
 
-@impl(ops.SoftmaxOp)
+@impl(ops.SoftmaxOp, ops.LogSoftmaxOp)
 def _softmax(op, args):
     (x,) = args
     axis = op.attrs["axis"] % x.ndim
@@ -198,7 +198,10 @@ def _softmax(op, args):
     d = nx.binary("sub", x2, m[:, None], "f32")
     e = nx.unary("exp", d, "f32")
     s = nx.row_reduce("sum", e, "f32")
-    y = nx.binary("div", e, s[:, None], _out(op))
+    if isinstance(op, ops.LogSoftmaxOp):
+        y = nx.binary("sub", d, nx.unary("log", s, "f32")[:, None], _out(op))
+    else:
+        y = nx.binary("div", e, s[:, None], _out(op))
     moved_shape = np.moveaxis(x, axis, -1).shape
     return [np.moveaxis(y.reshape(moved_shape), -1, axis)]
 

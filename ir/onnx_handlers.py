@@ -317,9 +317,10 @@ def _gemm(ctx, ins):
     return [y]
 
 
-@handles("Softmax")
+@handles("Softmax", "LogSoftmax")
 def _softmax(ctx, ins):
-    return [ctx.emit(ops.SoftmaxOp, ins[:1], {"axis": ctx.attr("axis", -1)})]
+    cls = ops.SoftmaxOp if ctx.node.op_type == "Softmax" else ops.LogSoftmaxOp
+    return [ctx.emit(cls, ins[:1], {"axis": ctx.attr("axis", -1)})]
 
 
 @handles("LayerNormalization")

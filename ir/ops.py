@@ -36,6 +36,7 @@ from mcpc.ir.ops_elementwise import (
 )
 from mcpc.ir.ops_nn import (
     LayerNormOp,
+    LogSoftmaxOp,
     MatMulOp,
     ReduceMaxOp,
     ReduceMeanOp,
@@ -72,6 +73,7 @@ __all__ = [
     "GreaterOp",
     "LayerNormOp",
     "LessOp",
+    "LogSoftmaxOp",
     "LogOp",
     "MatMulOp",
     "MaxOp",

@@ -94,6 +94,16 @@ class SoftmaxOp(Operation):
         return [x]
 
 
+class LogSoftmaxOp(SoftmaxOp):
+    """``mcp.log_softmax x {axis}``: ``(x - max) - log(sum(exp(x - max)))`` along ``axis``.
+
+    Float operand; result has the operand's type.  Steps (f32): row max, subtract, exp, row sum,
+    log, subtract (rounded once to the result dtype).
+    """
+
+    name = "mcp.log_softmax"
+
+
 class LayerNormOp(Operation):
     """``mcp.layer_norm x, scale, bias {axis, epsilon}`` (ONNX LayerNormalization).
 

@@ -36,6 +36,15 @@ def test_softmax(dtype, shape, axis):
     assert ("transpose" in mnemonics(instrs)) == (axis % len(shape) != len(shape) - 1 and len(shape) > 1)
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("shape,axis", [((4, 16), -1), ((2, 5, 7), 1), ((3, 4, 5), 0), ((2, 3, 4, 5), 2)])
+def test_log_softmax(dtype, shape, axis):
+    _, instrs, _ = compile_check(single_op(ops.LogSoftmaxOp, [(shape, dtype)], {"axis": axis}))
+    seq = [i.op + (f".{i.func}" if "func" in i.fields else "") for i in instrs if i.engine == 1]
+    steps = [s for s in seq if s not in ("transpose", "nop", "vun.copy")]
+    assert steps[:6] == ["vred.max", "vbin.sub", "vun.exp", "vred.sum", "vun.log", "vbin.sub"]
+
+
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 @pytest.mark.parametrize("shape,axis", [((4, 16), -1), ((2, 5, 7), 1), ((3, 4, 5), 0)])
 def test_layer_norm(dtype, shape, axis):

@@ -109,6 +109,15 @@ def test_mod_and_fmod():
     assert got.tolist() == np.fmod(x, y).tolist() and np.signbit(got[2])
 
 
+def test_log_softmax_close_to_f64():
+    x = (np.random.default_rng(3).standard_normal((3, 4, 6)) * 5).astype(np.float32)
+    for axis in (-1, 1):
+        x64 = x.astype(np.float64)
+        d = x64 - x64.max(axis=axis, keepdims=True)
+        want = d - np.log(np.exp(d).sum(axis=axis, keepdims=True))
+        np.testing.assert_allclose(run(O.LogSoftmaxOp, [x], {"axis": axis}), want, rtol=1e-5, atol=1e-5)
+
+
 def test_floor_keeps_signed_zero_and_specials():
     x = np.array([-0.0, -0.5, 2.5, np.inf, -np.inf, np.nan, 3e9], dtype=np.float32)
     got = run(O.FloorOp, [x])

@@ -172,6 +172,8 @@ CASES = [
     Case("softmax_last", "Softmax", {"x": f(2, 3, 5)}),
     Case("softmax_axis1", "Softmax", {"x": f(2, 3, 5)}, attrs={"axis": 1}),
     Case("softmax_axis0_opset13", "Softmax", {"x": f(4, 3)}, attrs={"axis": 0}, opset=13),
+    Case("log_softmax_last", "LogSoftmax", {"x": f(2, 3, 5) * 4}),
+    Case("log_softmax_axis1", "LogSoftmax", {"x": f(2, 3, 5)}, attrs={"axis": 1}),
     Case("layernorm", "LayerNormalization", {"x": f(2, 3, 8), "g": f(8), "b": f(8)}),
     Case(
         "layernorm_axis1_nobias",

@@ -34,6 +34,7 @@ SAMPLES = {
         {"trans_b": True, "tile": [2, 3, 4], "out": F32},
     ),
     "mcp.softmax": ([t(2, 5)], {"axis": 0}),
+    "mcp.log_softmax": ([t(2, 5, dtype=F16)], {"axis": -1}),
     "mcp.layer_norm": ([t(2, 3, 4), t(3, 4), t(3, 4)], {"axis": 1, "epsilon": 1e-6}),
     "mcp.reduce_sum": _REDUCE,
     "mcp.reduce_mean": _REDUCE,
