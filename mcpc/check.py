@@ -55,15 +55,6 @@ def compare(
     return OutputComparison(name, tuple(y.shape), norm, max_abs, cosine, violations, passed)
 
 
-def load_inputs(path: str | Path) -> dict[str, np.ndarray]:
-    """Arrays of an ``.npz`` file keyed by input name; InputError naming the file when unreadable."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: cannot read inputs (.npz expected): {e}") from None
-
-
 def run_onnxruntime(model_path: str | Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Reference outputs from ONNX Runtime (CPU, all graph optimizations off for fidelity)."""
     import onnxruntime as ort

@@ -13,6 +13,7 @@ import click
 
 from mcpc.cli_guard import GuardedCommand, _stdout_console
 from mcpc.errors import InputError
+from mcpc.fileio import read_npz
 
 
 @click.command("check", cls=GuardedCommand)
@@ -43,7 +44,7 @@ def check_command(model, program, inputs_path, rtol, atol, min_cosine, entry, js
     for path in (model, program, inputs_path):
         if not path.is_file():
             raise InputError(f"{path}: no such file")
-    report = check.check(model, program, check.load_inputs(inputs_path), rtol, atol, min_cosine, entry)
+    report = check.check(model, program, read_npz(inputs_path), rtol, atol, min_cosine, entry)
     if json_path is not None:
         driver.write_atomic(json_path, json.dumps(report, indent=2, sort_keys=True) + "\n")
     table = Table(title=f"check: rtol {report['rtol']:g}, atol {report['atol']:g}", title_justify="left")

@@ -1,4 +1,5 @@
-"""Atomic output files: a reader never sees a partial file and a failure leaves the path untouched.
+"""Files the toolchain writes and reads: atomic outputs (a reader never sees a partial file and a
+failure leaves the path untouched) and ``.npz`` tensors.
 
 Every file the toolchain writes (.mcpb, IR/assembly text, reports, outputs .npz, traces, example
 models) goes through here.  Importable without the compiler (the simulator uses it).
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import zipfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -55,3 +57,17 @@ def write_atomic(path: str | os.PathLike, data: str | bytes | Iterable[bytes]) -
                 fh.write(chunk)
 
     return write_atomic_with(path, writer)
+
+
+def read_npz(path: str | os.PathLike) -> dict:
+    """Arrays of an ``.npz`` file keyed by name; InputError naming the file when it is missing or
+    not a readable npz (pickled object arrays are refused)."""
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such inputs file") from None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        raise InputError(f"{path}: not a readable .npz file ({exc})") from None

@@ -10,32 +10,16 @@ from __future__ import annotations
 
 import io
 import json
-import zipfile
 from pathlib import Path
 
 import click
 
 from mcpc.errors import McpcError, UsageError
-from mcpc.fileio import write_atomic
+from mcpc.fileio import read_npz, write_atomic
 
 
 def _json_bytes(obj) -> bytes:
     return (json.dumps(obj, indent=1, sort_keys=False) + "\n").encode("utf-8")
-
-
-def read_npz(path: Path) -> dict:
-    """Arrays of an .npz file; InputError naming the file when it is missing or not an npz."""
-    import numpy as np
-
-    from mcpc.errors import InputError
-
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such inputs file") from None
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise InputError(f"{path}: not a readable .npz file ({exc})") from None
 
 
 _WIDEN = {"bfloat16": "float32", "float8_e4m3fn": "float32", "int4": "int8", "uint4": "uint8"}
