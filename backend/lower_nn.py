@@ -245,30 +245,20 @@ def lower_softmax(op, ctx: LoweringContext) -> list[Kernel]:
         w, m, s = t.scratch["w"], t.scratch["m"], t.scratch["s"]
         first = [r.full("vred", func="max", in_dtype=xd, dst=m, src=t.src)]
         widen, x32 = r.widen(xd, w)
-        sub = [r.full("vbin", func="sub", dst=w, src0=x32, src1=m, **BCAST)]
+        head = [*first, *widen, r.full("vbin", func="sub", dst=w, src0=x32, src1=m, **BCAST)]
         if log:  # d = x - max stays in w, exp(d) goes to scratch e
             e = t.scratch["e"]
-            return (
-                first
-                + widen
-                + sub
-                + [
-                    r.full("vun", func="exp", dst=e, src=w),
-                    r.full("vred", func="sum", dst=s, src=e),
-                    r.col("vun", func="log", dst=s, src=s),
-                    r.full("vbin", func="sub", out_dtype=od, dst=t.dst, src0=w, src1=s, **BCAST),
-                ]
-            )
-        return (
-            first
-            + widen
-            + sub
-            + [
-                r.full("vun", func="exp", dst=w, src=w),
-                r.full("vred", func="sum", dst=s, src=w),
-                r.full("vbin", func="div", out_dtype=od, dst=t.dst, src0=w, src1=s, **BCAST),
+            return head + [
+                r.full("vun", func="exp", dst=e, src=w),
+                r.full("vred", func="sum", dst=s, src=e),
+                r.col("vun", func="log", dst=s, src=s),
+                r.full("vbin", func="sub", out_dtype=od, dst=t.dst, src0=w, src1=s, **BCAST),
             ]
-        )
+        return head + [
+            r.full("vun", func="exp", dst=w, src=w),
+            r.full("vred", func="sum", dst=s, src=w),
+            r.full("vbin", func="div", out_dtype=od, dst=t.dst, src0=w, src1=s, **BCAST),
+        ]
 
     scratch = {"w": ROW, "m": ONE, "s": ONE, **({"e": ROW} if log else {})}
     return row_kernel(op, ctx, [axis], True, scratch, body)
