@@ -70,7 +70,7 @@ def import_onnx(
     if proto.functions:
         proto = onnx.inliner.inline_local_functions(proto)
     bound = bind_input_shapes(proto.graph, label, shapes or {}, dims or {})
-    inferred = _onnx_shapes(proto, bound)
+    inferred = _onnx_shapes(proto, bound, label)
     return _Importer(proto.graph, label, name, opset, bound, inferred).run()
 
 
