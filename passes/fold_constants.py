@@ -8,8 +8,9 @@ merged into the first one.  Constants it made dead are left for ``dce``.
 
 Transposed weights are read, not copied: a ``mcp.matmul`` whose ``b`` is an ``mcp.transpose`` of a
 constant swapping the last two dims (``MatMul(x, Transpose(W))``, the LM head of a tied
-embedding) reads the constant itself with ``trans_b`` toggled — the interpreter and the lowering
-read ``b`` transposed as a view, in the same order of sums, so the bits do not change.
+embedding), or a constant equal to another one transposed (the same, folded by the exporter),
+reads that constant with ``trans_b`` toggled (``absorb_transposes``) — the interpreter and the
+lowering read ``b`` transposed as a view, in the same order of sums, so the bits do not change.
 
 Size budget: folding never grows constant storage past ``max-elements``: a result is folded when
 its element count is at most ``max-elements`` or at most the total of the constant operands that
@@ -44,6 +45,10 @@ def _key(value: np.ndarray) -> tuple:
     return (value.dtype.str, value.shape, hashlib.blake2b(raw, digest_size=16).digest())
 
 
+def _raw(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a).tobytes()
+
+
 def _swaps_last_two(op) -> bool:
     """``op`` is an ``mcp.transpose`` exchanging its operand's last two dims, nothing else."""
     if not isinstance(op, TransposeOp):
@@ -54,17 +59,61 @@ def _swaps_last_two(op) -> bool:
 
 
 def absorb_transposes(func: Function) -> int:
-    """Let each ``mcp.matmul`` whose ``b`` is a last-two-dims ``mcp.transpose`` of a constant read
-    the constant with ``trans_b`` toggled; return how many were rewritten (the transposes they
-    no longer use are left for ``dce``)."""
-    constants = {id(op.result) for op in func.ops if isinstance(op, ConstantOp)}
-    count = 0
+    """Let matmuls read constant weights transposed rather than use a transposed copy; return how
+    many were rewritten (what they no longer use is left for ``dce``).
+
+    A ``mcp.matmul`` whose ``b`` is a last-two-dims ``mcp.transpose`` of a constant reads the
+    constant with ``trans_b`` toggled.  One whose ``b`` is a constant that another constant,
+    defined before the matmul, holds transposed (an exporter folded ``Transpose(W)`` into a second
+    initializer: TorchScript's tied LM head) reads that one with ``trans_b`` toggled when it is
+    preferred: used other than as a matmul ``b`` (it has to be stored anyway), else defined first.
+    """
+    index = {id(op.result): i for i, op in enumerate(func.ops) if isinstance(op, ConstantOp)}
+    values = {id(op.result): op.value for op in func.ops if isinstance(op, ConstantOp)}
+    needed = {
+        id(v)
+        for op in func.ops
+        for i, v in enumerate(op.operands)
+        if id(v) in index and not (isinstance(op, MatMulOp) and i == 1)
+    }
+    by_shape: dict[tuple, list[Value]] = {}
     for op in func.ops:
+        if isinstance(op, ConstantOp) and op.value.ndim >= 2:
+            by_shape.setdefault((op.value.dtype.str, op.value.shape), []).append(op.result)
+
+    def preferred(v: Value) -> tuple:
+        return (id(v) in needed, -index[id(v)])
+
+    def transposed_twin(b: Value, before: int) -> Value | None:
+        w = values[id(b)]
+        twins = [
+            v
+            for v in by_shape.get((w.dtype.str, (*w.shape[:-2], w.shape[-1], w.shape[-2])), [])
+            if v is not b and v.quant == b.quant and index[id(v)] < before and preferred(v) > preferred(b)
+        ]
+        if not twins:
+            return None
+        wt = np.swapaxes(w, -1, -2)
+        for v in twins:  # a cheap look at one row first, then every byte
+            other = values[id(v)]
+            if _raw(other[..., :1, :]) == _raw(wt[..., :1, :]) and _raw(other) == _raw(wt):
+                return v
+        return None
+
+    count = 0
+    for pos, op in enumerate(func.ops):
         if not isinstance(op, MatMulOp):
             continue
-        t = op.operands[1].owner
-        if _swaps_last_two(t) and id(t.operands[0]) in constants and t.result.quant == t.operands[0].quant:
-            op.operands = [op.operands[0], t.operands[0]]
+        b = op.operands[1]
+        t = b.owner
+        if _swaps_last_two(t) and id(t.operands[0]) in index and t.result.quant == t.operands[0].quant:
+            source = t.operands[0]
+        elif id(b) in index and b.type.rank >= 2:
+            source = transposed_twin(b, pos)
+        else:
+            source = None
+        if source is not None:
+            op.operands = [op.operands[0], source]
             op.attrs["trans_b"] = not op.attrs["trans_b"]
             count += 1
     return count
@@ -76,7 +125,7 @@ def fold_function(func: Function, max_elements: int = 1 << 22) -> int:
     consts: dict[int, np.ndarray] = {}  # id(Value) -> value of a constant
     canonical: dict[tuple, list[Value]] = {}  # dedupe key -> the constants with that key
     rename: dict[int, Value] = {}  # id(old Value) -> Value that replaces it
-    uses: Counter[int] = Counter(id(v) for op in func.ops for v in op.operands)  # by ops not yet seen
+    uses: Counter[int] = Counter(id(v) for op in func.ops for v in op.operands)  # by ops not folded
     new_ops, folded = [], 0
 
     def keep_constant(op: ConstantOp) -> Value:
@@ -98,8 +147,6 @@ def fold_function(func: Function, max_elements: int = 1 << 22) -> int:
 
     for op in func.ops:
         op.operands = [rename.get(id(v), v) for v in op.operands]
-        for v in op.operands:
-            uses[id(v)] -= 1
         if isinstance(op, ConstantOp):
             replace(op.result, keep_constant(op))
             continue
@@ -111,6 +158,8 @@ def fold_function(func: Function, max_elements: int = 1 << 22) -> int:
         except (McpcError, ValueError, IndexError):
             new_ops.append(op)  # a fault on these constants is the program's; keep it for run time
             continue
+        for v in op.operands:
+            uses[id(v)] -= 1
         for r, value in zip(op.results, values, strict=True):
             const = ConstantOp([], {"value": np.array(value, order="C")}, loc=op.loc)
             const.result.quant = r.quant
@@ -122,14 +171,15 @@ def fold_function(func: Function, max_elements: int = 1 << 22) -> int:
 
 def _foldable(op, consts: dict[int, np.ndarray], uses: Counter[int], max_elements: int) -> bool:
     """All operands constant, an interpreter impl, no i64 result, and within the size budget: the
-    results are small, or no larger than the constants that die here (``uses`` counts the uses
-    by the ops after ``op``)."""
+    results are small, or no larger than the constants that die here, used by no op but ``op``
+    (``uses`` counts the uses by every op not folded away)."""
     if not op.operands or any(id(v) not in consts for v in op.operands) or not has_impl(type(op)):
         return False
     if any(r.type.dtype == I64 for r in op.results):
         return False
     out = sum(r.type.numel for r in op.results)
-    dying = {id(v): v.type.numel for v in op.operands if uses[id(v)] <= 0}
+    mine = Counter(id(v) for v in op.operands)
+    dying = {id(v): v.type.numel for v in op.operands if uses[id(v)] <= mine[id(v)]}
     return out <= max(max_elements, sum(dying.values()))
 
 

@@ -6,7 +6,9 @@ the Gather table and, as exporters write it, the LM head weight.
 * ``transpose`` — ``MatMul(h, Transpose(embedding))``, the torch export of a tied ``lm_head``;
 * ``gemm`` — ``Gemm(h2d, embedding, transB=1)`` on the flattened hidden states (``nn.Linear``);
 * ``copy`` — ``Gemm(h2d, lm_head.weight, transB=1)`` where ``lm_head.weight`` is a second
-  initializer holding the same bytes as the embedding (an exporter that un-ties on save).
+  initializer holding the same bytes as the embedding (an exporter that un-ties on save);
+* ``folded`` — ``MatMul(h, lm_head.weight_t)`` where ``lm_head.weight_t`` is the embedding
+  transposed, a second initializer (TorchScript's constant folding of ``Transpose``).
 
 Between embedding and head: a pre-LN FFN block with a residual and a final LayerNorm.
 """
@@ -19,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from mcpc.examples import _Builder
 
-HEADS = ("transpose", "gemm", "copy")
+HEADS = ("transpose", "gemm", "copy", "folded")
 
 
 def tied_lm(vocab: int = 4096, hidden: int = 256, seq: int = 8, head: str = "transpose") -> onnx.ModelProto:
@@ -31,13 +33,16 @@ def tied_lm(vocab: int = 4096, hidden: int = 256, seq: int = 8, head: str = "tra
     up = b.op("Relu", [b.linear(x, hidden, 2 * hidden, "block.fc1")])
     ffn = b.linear(up, 2 * hidden, hidden, "block.fc2")
     h = b.layer_norm(b.op("Add", [h, ffn], name="block.residual"), hidden, "final_ln")
-    if head == "transpose":
-        w_t = b.op("Transpose", [emb], name="lm_head.transpose", perm=[1, 0])
+    table = numpy_helper.to_array(next(t for t in b.inits if t.name == emb))
+    if head in ("transpose", "folded"):
+        if head == "transpose":
+            w_t = b.op("Transpose", [emb], name="lm_head.transpose", perm=[1, 0])
+        else:
+            w_t = b.const("lm_head.weight_t", np.ascontiguousarray(table.T))
         logits = b.op("MatMul", [h, w_t], name="lm_head")
     else:
         w = emb
         if head == "copy":
-            table = numpy_helper.to_array(next(t for t in b.inits if t.name == emb))
             w = b.const("lm_head.weight", table.copy())
         shape2d = b.const("lm_head.shape2d", np.array([seq, hidden], dtype=np.int64))
         h2 = b.op("Reshape", [h, shape2d], name="lm_head.flatten")
@@ -51,7 +56,8 @@ def tied_lm(vocab: int = 4096, hidden: int = 256, seq: int = 8, head: str = "tra
 
 
 def float_initializer_bytes(model: onnx.ModelProto, distinct: bool = True) -> int:
-    """Bytes of the model's float initializers (each distinct content once when ``distinct``)."""
+    """Bytes of the model's float initializers; with ``distinct`` each content once, a matrix
+    and its transpose (last two dims swapped) counting as one."""
     seen, total = set(), 0
     for t in model.graph.initializer:
         arr = numpy_helper.to_array(t)
@@ -61,5 +67,8 @@ def float_initializer_bytes(model: onnx.ModelProto, distinct: bool = True) -> in
         if distinct and key in seen:
             continue
         seen.add(key)
+        if arr.ndim >= 2:
+            swapped = np.ascontiguousarray(np.swapaxes(arr, -1, -2))
+            seen.add((arr.dtype.str, swapped.shape, swapped.tobytes()))
         total += arr.nbytes
     return total
