@@ -5,6 +5,8 @@ and, bit for bit, with the interpreter on the compiled IR."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -77,3 +79,18 @@ def test_inspect_reports_the_constants_stored_once(models, tmp_path):
     stored = int(line.split("constants ")[1].split(" bytes")[0])
     assert weights <= stored <= 1.02 * weights
     assert "shared" in line
+
+
+TORCH_FIXTURES = Path(__file__).parents[1] / "torch_models" / "fixtures"
+
+
+@pytest.mark.parametrize("exporter", ["dynamo-op18", "torchscript-op17"])
+def test_torch_exports_of_a_tied_lm_head_store_the_table_once(exporter):
+    """The committed PyTorch exports of a GPT whose LM head is tied to the embedding (dynamo:
+    ``MatMul(h, Transpose(W))``; TorchScript: a folded transposed copy of W as a second
+    initializer): the constants are their distinct weight bytes (a transposed copy counted
+    once), where each used to hold the table twice."""
+    path = TORCH_FIXTURES / f"gpt-{exporter}.onnx"
+    result = mcpc.compile(path, target="mcp2026-a100", qat_config="fp32.yaml", dims={"batch": 1, "seq": 8})
+    weights = float_initializer_bytes(onnx.load(path))
+    assert len(result.program.constants) <= 1.02 * weights
