@@ -6,9 +6,10 @@ of it, or with cross-kernel prefetch a region the previous kernel does not use, 
 arena's peak is the kernel's planned SRAM use.  ``rows_that_fit`` picks the largest row tile
 whose in/out slots (times 2 with double buffering) plus persistent buffers fit.
 
-DRAM (``plan_dram``): constants packed into one CNST region (each aligned to 64 bytes), then the
-function inputs, the outputs, and a scratch region where intermediates share space by liveness
-(best-fit offsets over [defining op, last use] intervals).  Reshapes alias their operand.
+DRAM (``plan_dram``): constants packed into one CNST region (each aligned to 64 bytes, each
+distinct content once: ``constant_pool.ConstantPool``), then the function inputs, the outputs,
+and a scratch region where intermediates share space by liveness (best-fit offsets over
+[defining op, last use] intervals).  Reshapes alias their operand.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from mcpc.backend.constant_pool import ConstantPool
 from mcpc.errors import PassError, UnsupportedError
 from mcpc.ir.ops import ConstantOp, ReshapeOp
 
@@ -176,29 +178,30 @@ def plan_dram(module: Any, positions: Mapping[Any, int] | None = None) -> DramPl
     its index in its function); the backend's epilogue fusion runs a group's ops at its head's
     index, so values they read stay live, and results they write start, there.
 
-    Layout: the CNST blob at address 0 (each constant 64-byte aligned, module order), then per
-    function (in module order): one region per input, one per output, then a scratch region where
+    Layout: the CNST blob at address 0 (each constant 64-byte aligned, module order; constants
+    equal in dtype, shape and bytes, in any functions, share one copy), then per function (in
+    module order): one region per input, one per output, then a scratch region where
     intermediates share space by liveness (``assign_offsets``).  ``mcp.reshape`` results alias
     their operand (no copy); an output that aliases an input or a constant is bound to its bytes.
     Raises UnsupportedError for tensors of sub-byte dtypes (packed int4 needs the quantized
     lowerings, not in this backend yet).
     """
     plan = DramPlan()
-    blob = bytearray()
+    pool = ConstantPool(DRAM_ALIGN)  # the program's, shared by every function
     for fn in module.functions.values():
         for op in fn.ops:
             if isinstance(op, ConstantOp):
                 _check_storable(op.result, op.describe())
                 arr = np.ascontiguousarray(op.value)
-                blob.extend(bytes(align_up(len(blob), DRAM_ALIGN) - len(blob)))
-                plan.placements[op.result] = len(blob)
+                plan.placements[op.result] = pool.add(arr, f"{fn.name}:{op.loc or 'constant'}")
                 plan.constants[op.result] = arr
-                plan.buffers.append(
-                    _record(f"{fn.name}:{op.loc or 'constant'}", "const", len(blob), arr.nbytes)
-                )
-                blob.extend(arr.tobytes())
-    blob.extend(bytes(align_up(len(blob), DRAM_ALIGN) - len(blob)))
-    plan.cnst = bytes(blob)
+    for entry in pool.entries:
+        rec = _record(entry.users[0], "const", entry.offset, entry.array.nbytes)
+        if len(entry.users) > 1:
+            rec["users"] = list(entry.users)
+        plan.buffers.append(rec)
+    blob = pool.blob()
+    plan.cnst = blob
     if blob:
         plan.regions.append({"name": "constants", "kind": "const", "dram": 0, "bytes": len(blob)})
     cursor = len(blob)

@@ -302,9 +302,7 @@ def _gemm(ctx, ins):
     alpha, beta = ctx.attr("alpha", 1.0), ctx.attr("beta", 1.0)
     if ctx.attr("transA", 0):
         a = ctx.emit(ops.TransposeOp, [a], {"perm": [1, 0]})
-    trans_b = bool(ctx.attr("transB", 0))
-    if trans_b and isinstance(b, np.ndarray):  # fold the transpose of a constant weight
-        b, trans_b = ctx.emit(ops.TransposeOp, [b], {"perm": [1, 0]}), False
+    trans_b = bool(ctx.attr("transB", 0))  # a constant weight is read transposed, never copied
     if alpha != 1.0 and isinstance(b, np.ndarray):
         b, alpha = ctx.emit(ops.MulOp, [b, _scalar(ctx, alpha, b)]), 1.0
     y = ctx.emit(ops.MatMulOp, [a, b], {"trans_b": trans_b})
