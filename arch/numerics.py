@@ -23,22 +23,10 @@ import ml_dtypes
 import numpy as np
 from scipy import special as _special
 
+from .dtypes import FLOAT_DTYPES, NUMPY_DTYPES
+
 F32 = np.float32
 
-NUMPY_DTYPES: dict[str, np.dtype] = {
-    "f32": np.dtype(np.float32),
-    "f16": np.dtype(np.float16),
-    "bf16": np.dtype(ml_dtypes.bfloat16),
-    "f8e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
-    "i64": np.dtype(np.int64),
-    "i32": np.dtype(np.int32),
-    "i8": np.dtype(np.int8),
-    "u8": np.dtype(np.uint8),
-    "i4": np.dtype(ml_dtypes.int4),
-    "u4": np.dtype(ml_dtypes.uint4),
-    "i1": np.dtype(np.bool_),
-}
-FLOAT_DTYPES = frozenset({"f32", "f16", "bf16", "f8e4m3fn"})
 _FLOAT_NP = frozenset(NUMPY_DTYPES[n] for n in FLOAT_DTYPES) | {np.dtype(np.float64)}
 _F8_MAX = np.float32(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)  # 448
 
