@@ -44,7 +44,7 @@ def fold_function(func: Function, max_elements: int = 1 << 22) -> int:
         """Register ``op`` (appending it) unless an equal constant exists; return the value to use."""
         key = _key(op.value)
         first = canonical.get(key)
-        if first is not None and first.quant == op.result.quant:
+        if first is not None:
             return first
         canonical.setdefault(key, op.result)
         consts[id(op.result)] = op.value
@@ -68,7 +68,6 @@ def fold_function(func: Function, max_elements: int = 1 << 22) -> int:
             continue
         for r, value in zip(op.results, values, strict=True):
             const = ConstantOp([], {"value": np.array(value, order="C")}, loc=op.loc)
-            const.result.quant = r.quant
             rename[id(r)] = keep_constant(const)
         folded += 1
     func.ops = new_ops

@@ -1,0 +1,76 @@
+"""ONNX QuantizeLinear / DequantizeLinear (opsets 10 to 25: per-tensor, per-axis, blocked) onto
+``mcp.quantize`` / ``mcp.dequantize``.
+
+A missing zero point becomes an explicit zero constant of the quantized type (``output_dtype``,
+else ONNX's default ``uint8`` for QuantizeLinear; x's type for DequantizeLinear), so both ops
+always carry three operands.  Refused, naming the node: quantized types the IR lacks (int16,
+float8 e5m2 …), ``precision`` other than float32 (mcp.quantize divides in f32), a non-float
+QuantizeLinear input.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mcpc.errors import UnsupportedError
+from mcpc.ir import ops
+from mcpc.ir.dtypes import F32, QUANTIZED_DTYPES, U8, DType
+from mcpc.ir.onnx_handlers import handles, onnx_dtype
+from mcpc.ir.ops_quant import DEQUANTIZABLE_DTYPES
+
+
+def _type_attr(ctx, key: str) -> DType | None:
+    code = ctx.attr(key, 0)
+    if not code:
+        return None
+    try:
+        return onnx_dtype(code)
+    except UnsupportedError as e:
+        raise ctx.unsupported(f"{key}: {e}") from None
+
+
+def _zero_point(ctx, ins, dtype: DType):
+    """The node's zero point, or a zero constant of ``dtype`` shaped like the scale."""
+    if len(ins) > 2 and ins[2] is not None:
+        return ins[2]
+    return np.zeros(ctx.shape(ins[1]), dtype=dtype.np_dtype)
+
+
+def _qattrs(ctx) -> dict:
+    return {"axis": int(ctx.attr("axis", 1)), "block_size": int(ctx.attr("block_size", 0))}
+
+
+@handles("QuantizeLinear")
+def _quantize(ctx, ins):
+    x, scale = ins[0], ins[1]
+    if not ctx.dtype(x).is_float:
+        raise ctx.unsupported(f"x is {ctx.dtype(x)}; only float inputs are quantized")
+    precision = _type_attr(ctx, "precision")
+    if precision is not None and precision != F32:
+        raise ctx.unsupported(f"precision={precision} is not supported (mcp.quantize divides in f32)")
+    out = _type_attr(ctx, "output_dtype")
+    zp = _zero_point(ctx, ins, out or U8)
+    qtype = ctx.dtype(zp)
+    if out is not None and out != qtype:
+        raise ctx.unsupported(f"output_dtype {out} differs from the zero point's type {qtype}")
+    if qtype.name not in QUANTIZED_DTYPES:
+        raise ctx.unsupported(
+            f"quantized type {qtype} is not supported (one of {', '.join(sorted(QUANTIZED_DTYPES))})"
+        )
+    attrs = {**_qattrs(ctx), "saturate": bool(ctx.attr("saturate", 1))}
+    return [ctx.emit(ops.QuantizeOp, [x, scale, zp], attrs)]
+
+
+@handles("DequantizeLinear")
+def _dequantize(ctx, ins):
+    x, scale = ins[0], ins[1]
+    xtype = ctx.dtype(x)
+    if xtype.name not in DEQUANTIZABLE_DTYPES:
+        raise ctx.unsupported(
+            f"x is {xtype}; dequantized types are {', '.join(sorted(DEQUANTIZABLE_DTYPES))}"
+        )
+    attrs = _qattrs(ctx)
+    out = _type_attr(ctx, "output_dtype")
+    if out is not None:
+        attrs["out"] = out
+    return [ctx.emit(ops.DequantizeOp, [x, scale, _zero_point(ctx, ins, xtype)], attrs)]
