@@ -1,21 +1,24 @@
-"""ONNX QuantizeLinear / DequantizeLinear (opsets 10 to 25: per-tensor, per-axis, blocked) onto
+"""ONNX QuantizeLinear / DequantizeLinear (opsets 10 to 28: per-tensor, per-axis, blocked) onto
 ``mcp.quantize`` / ``mcp.dequantize``.
 
 A missing zero point becomes an explicit zero constant of the quantized type (``output_dtype``,
 else ONNX's default ``uint8`` for QuantizeLinear; x's type for DequantizeLinear), so both ops
-always carry three operands.  Refused, naming the node: quantized types the IR lacks (int16,
+always carry three operands; a per-tensor zero point takes the scale's shape (ONNX allows () and
+(1,) to mix).  Refused, naming the node: quantized types the IR lacks (int16,
 float8 e5m2 …), ``precision`` other than float32 (mcp.quantize divides in f32), a non-float
 QuantizeLinear input.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from mcpc.errors import UnsupportedError
 from mcpc.ir import ops
 from mcpc.ir.dtypes import F32, QUANTIZED_DTYPES, U8, DType
-from mcpc.ir.onnx_handlers import handles, onnx_dtype
+from mcpc.ir.onnx_handlers import _reshape, handles, onnx_dtype
 from mcpc.ir.ops_quant import DEQUANTIZABLE_DTYPES
 
 
@@ -32,7 +35,10 @@ def _type_attr(ctx, key: str) -> DType | None:
 def _zero_point(ctx, ins, dtype: DType):
     """The node's zero point, or a zero constant of ``dtype`` shaped like the scale."""
     if len(ins) > 2 and ins[2] is not None:
-        return ins[2]
+        zp, sshape = ins[2], ctx.shape(ins[1])
+        if ctx.shape(zp) != sshape and math.prod(ctx.shape(zp)) == 1 == math.prod(sshape):
+            zp = _reshape(ctx, zp, sshape)  # ONNX lets per-tensor qparams be shape () or (1,)
+        return zp
     return np.zeros(ctx.shape(ins[1]), dtype=dtype.np_dtype)
 
 
