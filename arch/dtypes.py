@@ -146,6 +146,12 @@ def unpack_nibbles(raw: np.ndarray, dtype: str, count: int) -> np.ndarray:
     return nib.astype(NUMPY_DTYPES[dtype])
 
 
+def tile_bytes(dtype: str, rows: int, cols: int) -> int:
+    """Bytes of a ``rows`` x ``cols`` tile whose rows each start on a byte boundary (a packed row of
+    an odd length ends in a half-used byte): what SRAM slots and DMA row lengths are sized by."""
+    return int(rows) * DTYPES[dtype].storage_bytes(cols)
+
+
 def to_storage(arr: np.ndarray) -> bytes:
     """The bytes a tensor is stored as: row-major, little-endian, packed two per byte when sub-byte."""
     dt = dtype_from_numpy(arr.dtype)

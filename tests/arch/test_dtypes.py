@@ -85,3 +85,18 @@ def test_storage_round_trip_byte_types(name, n):
     raw = dt.to_storage(arr)
     assert len(raw) == dt.DTYPES[name].storage_bytes(n)
     assert np.array_equal(dt.from_storage(raw, name, (n,)), arr)
+
+
+def test_tile_bytes_round_each_packed_row_up():
+    assert dt.tile_bytes("i4", 3, 5) == 9 and dt.tile_bytes("u4", 2, 4) == 4
+    assert dt.tile_bytes("f16", 3, 5) == 30
+
+
+def test_matmul_slot_sizes_count_packed_weights_at_half_a_byte():
+    from mcpc.passes.tile_matmul import slot_bytes
+
+    # (A 64x64 + B 64x64) x 2 slots + 2 f32 output slots (4096 elements x 4 bytes)
+    assert slot_bytes(64, 64, 64, "i4", "f32", 64) == 2 * (2048 + 2048) + 2 * 16384
+    assert slot_bytes(64, 64, 64, "i8", "f32", 64) == 2 * (4096 + 4096) + 2 * 16384
+    # a 3-column packed row takes 2 bytes: A is 64 rows x 2 bytes, B 3 x 2 bytes (aligned to 64)
+    assert slot_bytes(64, 3, 3, "u4", "f32", 64) == 2 * (128 + 64) + 2 * 768
