@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from mcpc.arch.dtypes import from_storage
 from mcpc.errors import ParseError
 from mcpc.ir.core import OP_REGISTRY, Function, Module, Value
 from mcpc.ir.dtypes import DTYPES, DType
@@ -208,12 +209,9 @@ class _Parser:
                 raw = bytes.fromhex(payload[2:])
             except ValueError:
                 raise c.error("dense payload is not valid hex", body_pos) from None
-            if len(raw) != ttype.numel * npd.itemsize:
-                raise c.error(
-                    f"dense payload has {len(raw)} bytes, {ttype} needs {ttype.numel * npd.itemsize}",
-                    body_pos,
-                )
-            return np.frombuffer(raw, dtype=npd).reshape(ttype.shape).copy()
+            if len(raw) != ttype.nbytes:
+                raise c.error(f"dense payload has {len(raw)} bytes, {ttype} needs {ttype.nbytes}", body_pos)
+            return from_storage(raw, ttype.dtype.name, ttype.shape).copy()
         if not isinstance(payload, list) or len(payload) != ttype.numel:
             raise c.error(f"dense literal must list {ttype.numel} elements for {ttype}", body_pos)
         return (

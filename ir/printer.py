@@ -19,7 +19,7 @@ Grammar (informal)::
 Op results are numbered ``%0, %1, …`` in order of definition; function arguments keep the model's
 input names (quoted when they are not plain identifiers).  Attribute dicts are printed with sorted
 keys, floats with ``repr`` (exact round trip), tensors with more than 8 elements as the hex of
-their little-endian bytes.
+their little-endian bytes (sub-byte types packed two per byte, low nibble first, as stored).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from mcpc.arch.dtypes import to_storage
 from mcpc.ir.core import Function, Module, Operation, Value
 from mcpc.ir.dtypes import DType, dtype_from_numpy
 from mcpc.ir.types import TensorType
@@ -65,7 +66,7 @@ def format_tensor(a: np.ndarray) -> str:
         else:
             items = [str(int(x)) for x in flat]
         return f"dense<[{', '.join(items)}]> : {ttype}"
-    raw = np.ascontiguousarray(a).tobytes()
+    raw = to_storage(a)  # little-endian, sub-byte types packed two per byte (low nibble first)
     return f'dense<"0x{raw.hex().upper()}"> : {ttype}'
 
 

@@ -190,3 +190,17 @@ def test_dense_of_every_dtype(dtype):
         assert got.dtype == want.dtype and got.shape == want.shape
         # compare bit patterns so nan and -0.0 count
         assert got.tobytes() == want.tobytes()
+
+
+def test_sub_byte_hex_is_packed_low_nibble_first():
+    w = np.array([1, -2, 7, -8, 0, 3, 5, -1, 2], dtype=I4.np_dtype)  # 9 elements: 5 bytes
+    module = Module("d")
+    func = module.add_function(Function("main", [], []))
+    c = func.append(ConstantOp([], {"value": w}))
+    func.append(ReturnOp([c.result]))
+    func.result_names = ["w"]
+    text = roundtrip(module)
+    assert 'dense<"0xE18730F502"> : tensor<9xi4>' in text
+    assert np.array_equal(parse_module(text).main.ops[0].attrs["value"], w)
+    with pytest.raises(Exception, match="dense payload has 9 bytes, tensor<9xi4> needs 5"):
+        parse_module(text.replace("0xE18730F502", "0x" + "01" * 9))
