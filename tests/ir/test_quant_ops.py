@@ -11,6 +11,8 @@ import numpy as np
 import onnx
 import pytest
 from conftest import make_model, vi
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
@@ -300,3 +302,40 @@ def test_f8_and_f16_scales():
     y = interpret(module, {"x": x})["y"]
     expect = (x.astype(np.float32) / [0.5, 0.25, 1.0, 2.0]).astype(ml_dtypes.float8_e4m3fn)
     assert np.array_equal(y, (expect.astype(np.float32) * [0.5, 0.25, 1.0, 2.0]).astype(np.float16))
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_random_granularities_match_onnx_reference(data):
+    """Random shapes, axes and block sizes (short last blocks included) against onnx.reference on
+    the integer types, where both define every bit (values kept inside int32 for its cast)."""
+    rank = data.draw(st.integers(1, 3))
+    shape = tuple(data.draw(st.lists(st.integers(1, 6), min_size=rank, max_size=rank)))
+    axis = data.draw(st.integers(-rank, rank - 1))
+    kind = data.draw(st.sampled_from(["tensor", "axis", "block"]))
+    qtype = data.draw(st.sampled_from([T.INT8, T.UINT8, T.INT4, T.UINT4]))
+    block = data.draw(st.integers(1, 4)) if kind == "block" else 0
+    if kind == "tensor":
+        sshape = data.draw(st.sampled_from([(), (1,)]))
+    elif kind == "axis":
+        sshape = (shape[axis],)
+    else:
+        sshape = tuple(-(-d // block) if i == axis % rank else d for i, d in enumerate(shape))
+    seed = data.draw(st.integers(0, 2**16))
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * 20).astype(np.float32)
+    s = rng.uniform(0.1, 2.0, sshape).astype(np.float32)
+    npq = helper.tensor_dtype_to_np_dtype(qtype)
+    lo, hi = _ZP_RANGE[qtype]
+    z = rng.integers(lo, hi, sshape).astype(npq)
+    attrs = {"axis": axis, **({"block_size": block} if block else {})}
+    inits = [numpy_helper.from_array(s, "s"), numpy_helper.from_array(z, "z")]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], **attrs),
+        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"], **attrs),
+    ]
+    model = make_model(nodes, [vi("x", shape)], [vi("q", shape, qtype), vi("d", shape)], inits, opset=21)
+    ours = interpret(import_onnx(model), {"x": x})
+    q_ref, d_ref = ReferenceEvaluator(model).run(None, {"x": x})
+    assert np.array_equal(ours["q"].astype(np.int64), q_ref.astype(np.int64))
+    assert np.array_equal(ours["d"], d_ref)
