@@ -18,8 +18,22 @@ import numpy as np
 from mcpc.errors import UnsupportedError
 from mcpc.ir import ops
 from mcpc.ir.dtypes import F32, QUANTIZED_DTYPES, U8, DType
-from mcpc.ir.onnx_handlers import _reshape, handles, onnx_dtype
+from mcpc.ir.onnx_handlers import _reshape, check, handles, onnx_dtype
 from mcpc.ir.ops_quant import DEQUANTIZABLE_DTYPES
+
+
+@check("QuantizeLinear", "DequantizeLinear")
+def _qdq_check(node, attrs, opset, used):
+    """Attribute problems found before conversion, so that every unsupported node is listed."""
+    for key in ("output_dtype", "precision"):
+        if attrs.get(key):
+            try:
+                dtype = onnx_dtype(attrs[key])
+            except UnsupportedError as e:
+                return f"{key}: {e}"
+            if key == "precision" and dtype != F32:
+                return f"precision={dtype} is not supported (mcp.quantize divides in f32)"
+    return None
 
 
 def _type_attr(ctx, key: str) -> DType | None:
@@ -51,9 +65,7 @@ def _quantize(ctx, ins):
     x, scale = ins[0], ins[1]
     if not ctx.dtype(x).is_float:
         raise ctx.unsupported(f"x is {ctx.dtype(x)}; only float inputs are quantized")
-    precision = _type_attr(ctx, "precision")
-    if precision is not None and precision != F32:
-        raise ctx.unsupported(f"precision={precision} is not supported (mcp.quantize divides in f32)")
+    # ``precision`` other than float32 is refused by _qdq_check before conversion
     out = _type_attr(ctx, "output_dtype")
     zp = _zero_point(ctx, ins, out or U8)
     qtype = ctx.dtype(zp)

@@ -255,6 +255,14 @@ def test_import_refuses_what_the_ops_cannot_express_naming_the_node():
     model = make_model([node], [vi("x", [2, 3])], [vi("q", [2, 3], T.UINT8)], inits, opset=23)
     with pytest.raises(UnsupportedError, match="node 'qnode'.*precision=f16"):
         import_onnx(model)
+    # both problems listed in one message, before any conversion
+    bad = [
+        helper.make_node("QuantizeLinear", ["x", "s"], ["q"], name="qa", precision=T.FLOAT16),
+        helper.make_node("DequantizeLinear", ["q", "s"], ["y"], name="qb", output_dtype=T.DOUBLE),
+    ]
+    model = make_model(bad, [vi("x", [2, 3])], [vi("y", [2, 3])], inits, opset=23)
+    with pytest.raises(UnsupportedError, match="2 unsupported item.*'qa'.*precision=f16.*'qb'.*DOUBLE"):
+        import_onnx(model)
     node = helper.make_node("QuantizeLinear", ["x", "s"], ["q"], name="q16", output_dtype=T.INT16)
     model = make_model([node], [vi("x", [2, 3])], [vi("q", [2, 3], T.INT16)], inits, opset=21)
     with pytest.raises(UnsupportedError, match="INT16"):
