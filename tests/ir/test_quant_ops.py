@@ -258,10 +258,12 @@ def test_import_refuses_what_the_ops_cannot_express_naming_the_node():
     # both problems listed in one message, before any conversion
     bad = [
         helper.make_node("QuantizeLinear", ["x", "s"], ["q"], name="qa", precision=T.FLOAT16),
-        helper.make_node("DequantizeLinear", ["q", "s"], ["y"], name="qb", output_dtype=T.DOUBLE),
+        helper.make_node("QuantizeLinear", ["x", "s"], ["r"], name="qb", precision=T.BFLOAT16),
     ]
-    model = make_model(bad, [vi("x", [2, 3])], [vi("y", [2, 3])], inits, opset=23)
-    with pytest.raises(UnsupportedError, match="2 unsupported item.*'qa'.*precision=f16.*'qb'.*DOUBLE"):
+    outs = [vi("q", [2, 3], T.UINT8), vi("r", [2, 3], T.UINT8)]
+    model = make_model(bad, [vi("x", [2, 3])], outs, inits, opset=23)
+    both = "2 unsupported item.*'qa'.*precision=f16.*'qb'.*precision=bf16"
+    with pytest.raises(UnsupportedError, match=both):
         import_onnx(model)
     node = helper.make_node("QuantizeLinear", ["x", "s"], ["q"], name="q16", output_dtype=T.INT16)
     model = make_model([node], [vi("x", [2, 3])], [vi("q", [2, 3], T.INT16)], inits, opset=21)
