@@ -1,5 +1,5 @@
-"""ONNX QuantizeLinear / DequantizeLinear (opsets 10 to 28: per-tensor, per-axis, blocked) onto
-``mcp.quantize`` / ``mcp.dequantize``.
+"""ONNX QuantizeLinear / DequantizeLinear onto ``mcp.quantize`` / ``mcp.dequantize``, for every
+opset the importer reads (13 to 28): per-tensor, per-axis and (opset 21+) blocked.
 
 A missing zero point becomes an explicit zero constant of the quantized type (``output_dtype``,
 else ONNX's default ``uint8`` for QuantizeLinear; x's type for DequantizeLinear), so both ops
