@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mcpc.arch.dtypes import to_storage
+
 
 def content_key(arr: np.ndarray) -> tuple:
     """The pool key of ``arr``: dtype, shape and a 128-bit hash of its C-order bytes."""
@@ -25,10 +27,12 @@ def content_key(arr: np.ndarray) -> tuple:
 
 @dataclass
 class PoolEntry:
-    """One stored constant: its array, offset in the CNST blob, and the names of its users."""
+    """One stored constant: its array, offset and stored size in the CNST blob (sub-byte types
+    packed, ``mcpc.arch.dtypes.to_storage``), and the names of its users."""
 
     array: np.ndarray
     offset: int
+    size: int
     users: list[str] = field(default_factory=list)
 
 
@@ -55,8 +59,9 @@ class ConstantPool:
                 entry.users.append(user)
                 return entry.offset
         self._data.extend(bytes(-len(self._data) % self.align))
-        entry = PoolEntry(arr, len(self._data), [user])
-        self._data.extend(arr.tobytes())
+        raw = to_storage(arr)
+        entry = PoolEntry(arr, len(self._data), len(raw), [user])
+        self._data.extend(raw)
         self.entries.append(entry)
         self._by_key.setdefault(key, []).append(entry)
         return entry.offset

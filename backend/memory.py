@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from mcpc.backend.constant_pool import ConstantPool
-from mcpc.errors import PassError, UnsupportedError
+from mcpc.errors import PassError
 from mcpc.ir.ops import ConstantOp, ReshapeOp
 
 # Ops whose result is a view of their operand's DRAM bytes: planned as aliases, lowered to nothing.
@@ -183,20 +183,20 @@ def plan_dram(module: Any, positions: Mapping[Any, int] | None = None) -> DramPl
     module order): one region per input, one per output, then a scratch region where
     intermediates share space by liveness (``assign_offsets``).  ``mcp.reshape`` results alias
     their operand (no copy); an output that aliases an input or a constant is bound to its bytes.
-    Raises UnsupportedError for tensors of sub-byte dtypes (packed int4 needs the quantized
-    lowerings, not in this backend yet).
+    Every tensor is stored as ``mcpc.arch.dtypes.to_storage`` lays it out: row-major, sub-byte
+    types packed two per byte, low nibble first (as ONNX packs int4), so a tensor of ``n`` 4-bit
+    elements takes ``ceil(n / 2)`` bytes in the constants blob and in every region.
     """
     plan = DramPlan()
     pool = ConstantPool(DRAM_ALIGN)  # the program's, shared by every function
     for fn in module.functions.values():
         for op in fn.ops:
             if isinstance(op, ConstantOp):
-                _check_storable(op.result, op.describe())
                 arr = np.ascontiguousarray(op.value)
                 plan.placements[op.result] = pool.add(arr, f"{fn.name}:{op.loc or 'constant'}")
                 plan.constants[op.result] = arr
     for entry in pool.entries:
-        rec = _record(entry.users[0], "const", entry.offset, entry.array.nbytes)
+        rec = _record(entry.users[0], "const", entry.offset, entry.size)
         if len(entry.users) > 1:
             rec["users"] = list(entry.users)
         plan.buffers.append(rec)
@@ -214,7 +214,6 @@ def plan_dram(module: Any, positions: Mapping[Any, int] | None = None) -> DramPl
 def _plan_function(fn: Any, plan: DramPlan, cursor: int, positions: Mapping[Any, int]) -> int:
     root: dict = {}  # value -> the value owning its bytes
     for arg in fn.args:
-        _check_storable(arg, f"func @{fn.name} input '{arg.name}'")
         root[arg] = arg
         plan.placements[arg] = cursor
         plan.regions.append(
@@ -238,7 +237,6 @@ def _plan_function(fn: Any, plan: DramPlan, cursor: int, positions: Mapping[Any,
         for r in op.results:
             root[r] = r
             if r not in plan.placements:  # constants are placed already
-                _check_storable(r, op.describe())
                 first[r] = idx
     outputs = [root.get(v, v) for v in fn.outputs]
     for name, v in zip(fn.result_names, outputs, strict=True):
@@ -274,11 +272,3 @@ def _record(
     if first is not None:
         rec["live"] = [first, last]
     return rec
-
-
-def _check_storable(value: Any, what: str) -> None:
-    if value.type.dtype.bits < 8:
-        raise UnsupportedError(
-            f"{what}: {value.type} has a sub-byte dtype; packed 4-bit tensors in DRAM need the "
-            "quantized lowerings, which this backend does not have yet"
-        )

@@ -89,7 +89,7 @@ def absorb_transposes(func: Function) -> int:
         twins = [
             v
             for v in by_shape.get((w.dtype.str, (*w.shape[:-2], w.shape[-1], w.shape[-2])), [])
-            if v is not b and v.quant == b.quant and index[id(v)] < before and preferred(v) > preferred(b)
+            if v is not b and index[id(v)] < before and preferred(v) > preferred(b)
         ]
         if not twins:
             return None
@@ -106,7 +106,7 @@ def absorb_transposes(func: Function) -> int:
             continue
         b = op.operands[1]
         t = b.owner
-        if _swaps_last_two(t) and id(t.operands[0]) in index and t.result.quant == t.operands[0].quant:
+        if _swaps_last_two(t) and id(t.operands[0]) in index:
             source = t.operands[0]
         elif id(b) in index and b.type.rank >= 2:
             source = transposed_twin(b, pos)
@@ -133,7 +133,7 @@ def fold_function(func: Function, max_elements: int = 1 << 22) -> int:
         raw = np.ascontiguousarray(op.value).tobytes()
         same = canonical.setdefault(_key(op.value), [])
         for first in same:  # the hash matched: confirm the bytes
-            if first.quant == op.result.quant and np.ascontiguousarray(consts[id(first)]).tobytes() == raw:
+            if np.ascontiguousarray(consts[id(first)]).tobytes() == raw:
                 return first
         same.append(op.result)
         consts[id(op.result)] = op.value
@@ -162,7 +162,6 @@ def fold_function(func: Function, max_elements: int = 1 << 22) -> int:
             uses[id(v)] -= 1
         for r, value in zip(op.results, values, strict=True):
             const = ConstantOp([], {"value": np.array(value, order="C")}, loc=op.loc)
-            const.result.quant = r.quant
             replace(r, keep_constant(const))
         folded += 1
     func.ops = new_ops
