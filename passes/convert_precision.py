@@ -15,7 +15,13 @@ interface (argument and result types unchanged) in which:
 * an op that does not accept the converted operand types (its ``infer_types`` refuses them, or it
   would not produce ``dtype`` where it produced f32) is left exactly as it was, in f32: an island
   with casts to f32 before it and casts of its f32 results to ``dtype`` after it, so everything
-  downstream stays in ``dtype``.  Integer and bool tensors are never touched.
+  downstream stays in ``dtype``.  Integer and bool tensors are never touched;
+* the computations the precision policy keeps in f32 (``mcpc.passes.precision_policy``: a norm's
+  square, mean and rsqrt up to the normalization; a written-out softmax's exp, sum and division)
+  stay f32 with minimal casts: one cast to f32 of the value entering the island, and a cast to
+  ``dtype`` of an island result only where an op outside the island uses it.  The ``islands``
+  option picks the kinds: ``config`` (the QAT config's ``precision.f32_islands``, every kind when
+  it has none), ``all``, ``none``, or kinds joined by ``+`` (``norm_stats+softmax_sum``).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from mcpc.ir.dtypes import F32, DType, dtype_from_name
 from mcpc.ir.ops_core import ConstantOp
 from mcpc.ir.ops_elementwise import CastOp
 from mcpc.passes.manager import Pass, PassContext, register_pass
+from mcpc.passes.precision_policy import ISLAND_KINDS, find_islands, parse_island_kinds
 
 TARGETS = ("f16", "bf16")
 
@@ -44,34 +51,63 @@ def convert_constant(value: np.ndarray, target: DType) -> np.ndarray:
     return nx.cast(clipped, target.name)
 
 
-def convert_function(func: Function, target: DType) -> None:
-    """Convert ``func`` in place (see the module docstring)."""
+def convert_function(func: Function, target: DType, islands: tuple[str, ...] = ()) -> None:
+    """Convert ``func`` in place (see the module docstring); ``islands`` are the policy kinds
+    (``precision_policy.ISLAND_KINDS``) whose ops stay f32."""
+    keep = find_islands(func, islands)
     new_ops: list[Operation] = []
     vmap: dict[int, Value] = {}
+    f32_of: dict[int, Value] = {}  # original f32 value -> its f32 form in the new function
+    to_target: dict[int, Value] = {}  # island result -> its cast to ``target`` (made when used)
+    constants: dict[int, ConstantOp] = {}  # original f32 constants, re-added when an island uses them
 
     def cast(v: Value, to: DType, loc) -> Value:
         op = CastOp([v], {"to": to}, loc=loc)
         new_ops.append(op)
         return op.result
 
+    def lookup(v: Value, loc) -> Value:
+        if id(v) in to_target or id(v.owner) not in keep or v.type.dtype != F32:
+            return to_target.get(id(v)) or vmap.get(id(v), v)
+        to_target[id(v)] = cast(v, target, v.owner.loc)  # leaving an island: cast where first used
+        return to_target[id(v)]
+
+    def as_f32(v: Value, loc) -> Value:
+        if v.type.dtype != F32:
+            return vmap.get(id(v), v)
+        if id(v.owner) in keep or v.is_argument:
+            return v  # still defined in f32 (island results, arguments)
+        if id(v) not in f32_of:
+            if isinstance(v.owner, ConstantOp):
+                new_ops.append(constants.setdefault(id(v.owner), v.owner))
+                f32_of[id(v)] = v
+            else:
+                f32_of[id(v)] = cast(vmap.get(id(v), v), F32, loc)
+        return f32_of[id(v)]
+
     for arg in func.args:
         if arg.type.dtype == F32:
             vmap[id(arg)] = cast(arg, target, arg.name)
     for op in func.ops:
-        operands = [vmap.get(id(v), v) for v in op.operands]
+        if id(op) in keep:  # a policy island: the op as it was, on f32 operands
+            op.operands = [as_f32(v, op.loc) for v in op.operands]
+            new_ops.append(op)
+            continue
+        if op.IS_TERMINATOR:  # casts back to the declared result types, named after the outputs
+            operands = [v if id(v.owner) in keep else lookup(v, op.loc) for v in op.operands]
+            op.operands = [
+                n if n.type.dtype == o.type.dtype else cast(n, o.type.dtype, op.loc or name)
+                for n, o, name in zip(operands, op.operands, func.result_names, strict=True)
+            ]
+            new_ops.append(op)
+            continue
+        operands = [lookup(v, op.loc) for v in op.operands]
         if isinstance(op, ConstantOp):
             if op.value.dtype == np.float32:
                 new = ConstantOp([], {"value": convert_constant(op.value, target)}, loc=op.loc)
                 _carry(op, new, vmap, new_ops)
             else:
                 new_ops.append(op)
-            continue
-        if op.IS_TERMINATOR:  # casts back to the declared result types, named after the outputs
-            op.operands = [
-                n if n.type.dtype == o.type.dtype else cast(n, o.type.dtype, op.loc or name)
-                for n, o, name in zip(operands, op.operands, func.result_names, strict=True)
-            ]
-            new_ops.append(op)
             continue
         new = _rebuilt(op, operands, target)
         if new is None:  # an f32 island: operands back to what it had, f32 results on to ``target``
@@ -131,13 +167,28 @@ class ConvertPrecisionPass(Pass):
 
     name: ClassVar[str] = "convert-precision"
     dtype: str = "f16"
+    islands: str = "config"
 
     def __post_init__(self):
         if self.dtype not in TARGETS:
             raise ValueError(f"dtype must be one of {', '.join(TARGETS)}, got {self.dtype!r}")
+        if self.islands != "config":
+            try:
+                parse_island_kinds(self.islands)
+            except ValueError as exc:
+                raise ValueError(f"islands: {exc} (or config, all, none)") from None
+
+    def island_kinds(self, ctx: PassContext) -> tuple[str, ...]:
+        """The policy kinds kept in f32: from the option, else from the config, else all of them."""
+        if self.islands != "config":
+            return parse_island_kinds(self.islands)
+        precision = getattr(ctx.config, "precision", None)
+        chosen = getattr(precision, "f32_islands", None)
+        return tuple(ISLAND_KINDS) if chosen is None else tuple(chosen)
 
     def apply(self, module: Module, ctx: PassContext) -> Module:
         target = dtype_from_name(self.dtype)
+        kinds = self.island_kinds(ctx)
         for func in module.functions.values():
-            convert_function(func, target)
+            convert_function(func, target, kinds)
         return module

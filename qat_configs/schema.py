@@ -5,7 +5,7 @@ A config file::
     schema: 1
     name: fp16
     description: fp16 weights and activations, fp32 accumulation
-    precision: {weights: f16, activations: f16, accumulate: f32}
+    precision: {weights: f16, activations: f16, accumulate: f32}   # f32_islands: [norm_stats, ...]
     pipeline: fp16                  # a preset name (mcpc.passes.presets) or pipeline text
     check: {rtol: 2.0e-2, atol: 1.0e-2}
 
@@ -38,6 +38,7 @@ from pydantic import (
 from mcpc.arch.dtypes import DTYPE_NAMES
 from mcpc.errors import ConfigError, UsageError
 from mcpc.passes.manager import parse_pipeline
+from mcpc.passes.precision_policy import ISLAND_KINDS, check_island_kinds
 from mcpc.passes.presets import PRESETS, resolve_pipeline
 
 SUPPORTED_SCHEMAS = (1,)
@@ -54,16 +55,32 @@ class _Section(BaseModel):
 
 
 class Precision(_Section):
-    """Storage dtype of weights and activations, and the accumulator dtype of matmuls/reductions."""
+    """Storage dtype of weights and activations, and the accumulator dtype of matmuls/reductions.
+
+    ``f32_islands`` lists the computations a reduced-precision build keeps in f32
+    (``mcpc.passes.precision_policy.ISLAND_KINDS``: ``norm_stats``, ``softmax_sum``); omitted means
+    every kind, ``[]`` none (the plain conversion, which overflows on large activations).
+    """
 
     weights: str
     activations: str
     accumulate: str
+    f32_islands: list[str] | None = None
 
     @field_validator("weights", "activations", "accumulate", mode="before")
     @classmethod
     def _known_dtype(cls, v: Any) -> str:
         return _dtype(v)
+
+    @field_validator("f32_islands", mode="before")
+    @classmethod
+    def _known_islands(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        if not isinstance(v, list) or not all(isinstance(k, str) for k in v):
+            raise ValueError(f"expected a list of island kinds ({', '.join(ISLAND_KINDS)}), got {v!r}")
+        check_island_kinds(v)
+        return v
 
 
 class Check(_Section):
