@@ -2,7 +2,9 @@
 
 Per output it reports the normalized max error max|y − r| / max|r|, the max abs error and the
 cosine similarity; the output passes when every element meets |y − r| ≤ atol + rtol·|r|
-(numpy.isclose semantics) and, when ``min_cosine`` is set, its cosine reaches it.  Default
+(numpy.isclose semantics) and, when ``min_cosine`` is set, its cosine reaches it.  The report's
+``numeric`` section is the simulator's (``mcpc.sim.numeric``): a run that produced a NaN or an
+overflow fails the check with exit 7 whatever the tolerances.  Default
 tolerances come from the build's precision recorded in the ``.mcpb`` META section.
 """
 
@@ -109,6 +111,7 @@ def check(
         "min_cosine": min_cosine,
         "passed": all(r.passed for r in results),
         "outputs": [asdict(r) for r in results],
+        "numeric": sim.profile.get("numeric"),
         "cycles": sim.profile.get("cycles"),
         "latency_us": sim.profile.get("latency_us"),
     }

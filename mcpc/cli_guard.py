@@ -23,6 +23,7 @@ Exit codes:
   3   bad input (ONNX, IR, config, target, .mcpb, missing file)
   4   unsupported op or dtype
   5   simulator trap
+  7   numeric fault (NaN or overflow in the simulated program)
   70  internal error (please report; MCPC_DEBUG=1 shows the traceback)
 """
 

@@ -32,14 +32,16 @@ def check_command(model, program, inputs_path, rtol, atol, min_cosine, entry, js
     """Compare PROG on the simulator with MODEL on ONNX Runtime.
 
     Per output: normalized max error, max abs error, cosine; exits 1 when any element is outside
-    atol + rtol * |reference| (or a cosine is below --min-cosine).
+    atol + rtol * |reference| (or a cosine is below --min-cosine), 7 when the simulated run
+    produced a NaN or overflowed to infinity (naming the first instruction and its ONNX node).
     """
     import json
 
     from rich.table import Table
 
     from mcpc import check, driver
-    from mcpc.errors import CheckFailed
+    from mcpc.errors import CheckFailed, NumericFault
+    from mcpc.sim.numeric import message as numeric_message
 
     for path in (model, program, inputs_path):
         if not path.is_file():
@@ -55,6 +57,9 @@ def check_command(model, program, inputs_path, rtol, atol, min_cosine, entry, js
                       f"{r['max_abs_err']:.3g}", f"{r['cosine']:.6f}", str(r["violations"]),
                       "ok" if r["passed"] else "FAIL")  # fmt: skip
     _stdout_console().print(table)
+    problem = numeric_message(report.get("numeric") or {})
+    if problem:  # a NaN or an overflow is a fault even when the outputs happen to be within tolerance
+        raise NumericFault(f"{program}: {problem}")
     if not report["passed"]:
         failed = [r["name"] for r in report["outputs"] if not r["passed"]]
         raise CheckFailed(f"{program}: outputs {', '.join(failed)} are outside tolerance against {model}")

@@ -5,7 +5,8 @@ or the instruction address.  The CLI catches ``McpcError`` once and prints ``mes
 traceback; anything else is an internal error (exit 70).
 
 Exit codes (documented in the README and ``mcpc --help``):
-    0 ok, 1 check failed, 2 usage, 3 bad input, 4 unsupported, 5 simulator trap, 70 internal.
+    0 ok, 1 check failed, 2 usage, 3 bad input, 4 unsupported, 5 simulator trap,
+    7 numeric fault, 70 internal.
 """
 
 EXIT_OK = 0
@@ -14,6 +15,7 @@ EXIT_USAGE = 2
 EXIT_BAD_INPUT = 3
 EXIT_UNSUPPORTED = 4
 EXIT_SIM_TRAP = 5
+EXIT_NUMERIC = 7
 EXIT_INTERNAL = 70
 
 
@@ -76,6 +78,13 @@ class SimTrap(McpcError):
     """The simulated NPU trapped: names the instruction address, mnemonic and ONNX node."""
 
     exit_code = EXIT_SIM_TRAP
+
+
+class NumericFault(McpcError):
+    """The simulated program produced NaN or overflowed (finite operands, infinite result) where the
+    user asked for strictness; names the instruction and ONNX node where it first appeared."""
+
+    exit_code = EXIT_NUMERIC
 
 
 class CheckFailed(McpcError):

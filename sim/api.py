@@ -19,6 +19,7 @@ from mcpc.arch.dtypes import FLOAT_DTYPES, NUMPY_DTYPES
 from mcpc.arch.isa import ENGINES
 from mcpc.errors import InputError, SimTrap
 
+from . import numeric
 from .loader import LoadedProgram, from_program, load_program
 from .machine import PACKED, Machine, nbytes, pack4, unpack4
 from .profile import build_profile, trace_events
@@ -162,6 +163,7 @@ def run_program(
         outputs[b["name"]] = flat.reshape(shape)
     profile = build_profile(program, entry, order, issue, done, stall)
     profile["tokens_left"] = tokens_left
+    profile["numeric"] = numeric.report(program, m.numeric, outputs)
     events = trace_events(program, entry, order, issue) if trace else None
     return SimResult(outputs=outputs, profile=profile, trace_events=events)
 

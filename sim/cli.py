@@ -1,8 +1,9 @@
 """``mcpc sim run``: simulate a .mcpb, print a rich summary, write outputs, profile and trace.
 
 Exported as ``sim_group`` (the lead registers it under ``mcpc``).  Errors are McpcError
-subclasses turned into ``error: <message>`` and the documented exit code (3 bad input, 5 trap)
-by this module's own guard, so the group behaves the same standalone and under ``mcpc``.  Every
+subclasses turned into ``error: <message>`` and the documented exit code (3 bad input, 5 trap,
+7 a numeric fault under ``--strict``) by this module's own guard, so the group behaves the same
+standalone and under ``mcpc``.  Every
 output file is written to a temporary file first and moved into place (never half-written).
 """
 
@@ -84,12 +85,21 @@ def sim_group():
     help="Write a Chrome/Perfetto trace-event JSON (one track per engine).",
 )
 @click.option("--entry", default="main", show_default=True, help="Entry point to run.")
-def run_command(program, inputs_path, random_inputs, seed, outputs_path, profile_json, trace_path, entry):
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Exit 7 when the run produced a NaN or overflowed to infinity, or an output is not finite.",
+)
+def run_command(
+    program, inputs_path, random_inputs, seed, outputs_path, profile_json, trace_path, entry, strict
+):
     """Simulate PROGRAM (.mcpb) and print cycles, latency, traffic, utilisation and top nodes."""
     from rich.console import Console
 
+    from mcpc.errors import NumericFault
     from mcpc.sim.api import load_program, run_program
     from mcpc.sim.api import random_inputs as make_random
+    from mcpc.sim.numeric import message as numeric_message
     from mcpc.sim.summary import render_summary
 
     if inputs_path and random_inputs:
@@ -114,3 +124,6 @@ def run_command(program, inputs_path, random_inputs, seed, outputs_path, profile
         }
         write_atomic(trace_path, json.dumps(doc, separators=(",", ":")).encode("utf-8"))
     render_summary(result.profile, Console(soft_wrap=True, highlight=False), source=program.name)
+    problem = numeric_message(result.profile["numeric"])
+    if strict and problem:
+        raise NumericFault(f"{program}: {problem}")

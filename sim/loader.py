@@ -24,6 +24,7 @@ from mcpc.arch.numerics import NUMPY_DTYPES
 from mcpc.arch.target import Target
 from mcpc.errors import InputError, McpcError
 
+from . import numeric
 from .decode import fast_decode
 from .execute import compile_instr, illegal
 from .machine import nbytes
@@ -139,6 +140,7 @@ def from_program(program: Program, source: str = "<program>") -> LoadedProgram:
             continue
         cost = instr_cost(instr, target)
         fn, args, hi = compile_instr(instr, target)
+        fn, args = numeric.guard(instr, target, idx, fn, args)
         mnemonics.append(instr.op)
         mac_dtype.append(instr.in_dtype if instr.op == "matmul" else None)
         dma = instr.op in ("load", "store", "gather")

@@ -38,10 +38,11 @@ def sram_extent(addr: int, rows: int, cols: int, row_step: int, col_step: int, s
 class Machine:
     """Memories and registers of one run.  Created zeroed; the loader fills DRAM before the run.
 
-    ``dram`` and ``sram`` are flat uint8 arrays; ``regs`` is a list of 16 Python ints (r0 stays 0).
+    ``dram`` and ``sram`` are flat uint8 arrays; ``regs`` is a list of 16 Python ints (r0 stays 0);
+    ``numeric`` collects ``(instruction index, NaNs produced, overflows)`` in run order (sim.numeric).
     """
 
-    __slots__ = ("dram", "sram", "regs", "dram_size")
+    __slots__ = ("dram", "sram", "regs", "dram_size", "numeric")
 
     def __init__(self, dram_size: int, sram_size: int):
         # np.zeros is calloc-backed: a large, mostly untouched DRAM costs no physical memory.
@@ -49,6 +50,7 @@ class Machine:
         self.sram = np.zeros(sram_size, dtype=np.uint8)
         self.regs = [0] * N_REGS
         self.dram_size = dram_size
+        self.numeric: list[tuple[int, int, int]] = []
 
 
 def view(buf: np.ndarray, addr: int, rows: int, cols: int, row_step: int, col_step: int, dt: np.dtype):

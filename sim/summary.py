@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+
+from .numeric import message as numeric_message
 
 
 def _bytes(n: float) -> str:
@@ -70,6 +73,9 @@ def render_summary(profile: dict, console: Console, source: str = "", top: int =
             f"{n['instructions']:,}",
         )
     console.print(nodes)
+    problem = numeric_message(p.get("numeric") or {})
+    if problem:
+        console.print(f"[yellow]warning:[/] numeric fault: {escape(problem)}")
     if p.get("tokens_left"):
         left = ", ".join(f"{k}: {v}" for k, v in p["tokens_left"].items())
         console.print(f"[yellow]warning:[/] dependency tokens left unconsumed at the end ({left})")

@@ -29,6 +29,7 @@ def test_encoder_block_matches_onnxruntime(tmp_path, target, qat_config):
     assert err <= BOUND[qat_config], f"{target} {qat_config}: normalized max error {err:.3g}"
     assert 0 < profile["peak_sram_bytes"] <= profile["sram_size_bytes"]
     assert profile["cycles"] > 0 and profile["macs"] > 0
+    assert profile["numeric"]["clean"], profile["numeric"]  # the -1e9 mask fill is no overflow
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -44,10 +45,11 @@ def test_mlp_matches_onnxruntime(tmp_path, target):
 def test_decoder_block_with_causal_mask_matches_onnxruntime(tmp_path, target):
     x = np.random.default_rng(3).standard_normal((1, 32, 256)).astype(np.float32)
     for cfg in ("fp32.yaml", "fp16.yaml"):
-        y, _, ref, _ = compile_and_run(
+        y, profile, ref, _ = compile_and_run(
             tmp_path, decoder_block(), {"x": x}, target, cfg, dims={"seq": 32}, name=f"dec_{cfg[:4]}"
         )
         assert norm_max_err(y["y"], ref["y"]) <= BOUND[cfg]
+        assert profile["numeric"]["clean"], profile["numeric"]
 
 
 def test_same_model_same_bytes(tmp_path):
