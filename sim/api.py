@@ -141,7 +141,9 @@ def run_program(
         addr = _check_region(b, raw.size, m.dram_size, src)
         m.dram[addr : addr + raw.size] = raw
     try:
-        issue, done, stall, tokens_left = simulate(program.recs, order, m)
+        # numpy's own overflow warnings would be noise: the numeric guards count and attribute them
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            issue, done, stall, tokens_left = simulate(program.recs, order, m)
     except Faulted as exc:
         raise SimTrap(f"{src}: {program.describe(exc.index)}: {exc.message}") from None
     except Deadlock as exc:
