@@ -119,6 +119,7 @@ def convert_function(func: Function, target: DType, islands: tuple[str, ...] = (
             for r in op.results:
                 if r.type.dtype == F32:
                     vmap[id(r)] = cast(r, target, op.loc)
+                    f32_of[id(r)] = r  # a policy island reading it takes the f32 value itself
         elif isinstance(new, CastOp) and new.operands[0].type == new.result.type:
             vmap[id(op.result)] = new.operands[0]  # a cast that became a no-op
         else:

@@ -13,6 +13,7 @@ from numeric_models import large_inputs, llama_block
 from onnx import helper, numpy_helper
 
 from mcpc.errors import ConfigError, UsageError
+from mcpc.ir import parse_module, print_module
 from mcpc.ir.interpreter import interpret
 from mcpc.ir.onnx_import import import_onnx
 from mcpc.passes import PassContext, PassManager, build_pipeline, load_all_passes
@@ -60,6 +61,8 @@ def test_rmsnorm_and_softmax_stay_f32_and_the_build_is_right(ort_run):
     )
     y, ref = interpret(module, feeds)["y"], ort_run(model, feeds)["y"]
     assert np.isfinite(y).all() and norm_max_err(y, ref) < 5e-3
+    text = print_module(module)  # the f32 constants the islands read back print and parse
+    assert print_module(parse_module(text)) == text
 
 
 @pytest.mark.parametrize("how", ["option", "config"])
@@ -151,3 +154,35 @@ def test_bad_island_kinds_are_refused():
         broken = text.replace('["norm_stats","softmax_sum"]', bad)
         with pytest.raises(ConfigError, match=rf"bad.yaml: precision.f32_islands: .*{words}"):
             parse_config(broken, "bad.yaml")
+
+
+def test_an_island_reads_an_f32_only_op_without_a_round_trip_through_f16():
+    from mcpc.ir.core import OP_REGISTRY, Operation
+
+    class F32Only(Operation):
+        name = "test.f32_only_policy"
+        NUM_OPERANDS = 1
+
+        @classmethod
+        def infer_types(cls, operand_types, attrs):
+            if operand_types[0].dtype.name != "f32":
+                raise ValueError("f32 only")
+            return [operand_types[0]]
+
+    text = """module @m {
+  func @main(%x: tensor<4x8xf32>) -> ("y": tensor<4x1xf32>) {
+    %0 = test.f32_only_policy %x : (tensor<4x8xf32>) -> tensor<4x8xf32>
+    %1 = mcp.constant {value = dense<[2.0]> : tensor<f32>} : () -> tensor<f32>
+    %2 = mcp.pow %0, %1 : (tensor<4x8xf32>, tensor<f32>) -> tensor<4x8xf32>
+    %3 = mcp.reduce_mean %2 {axes = [-1], keepdims = true} : (tensor<4x8xf32>) -> tensor<4x1xf32>
+    mcp.return %3 : (tensor<4x1xf32>) -> ()
+  }
+}
+"""
+    try:
+        module = PassManager(build_pipeline("convert-precision{dtype=f16},dce")).run(parse_module(text))
+        pow_op = next(op for op in module.main.ops if op.name == "mcp.pow")
+        # its f32 result itself: a cast to f16 and back would turn values beyond 65504 into inf
+        assert pow_op.operands[0].owner.name == "test.f32_only_policy"
+    finally:
+        OP_REGISTRY.pop(F32Only.name, None)
