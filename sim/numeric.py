@@ -192,8 +192,10 @@ def report(program: Any, events: list[tuple[int, int, int]], outputs: dict[str, 
     if events:
         idx, nans, over = events[0]
         node, op_type = program.nodes[int(program.node_of[idx])]
+        instr = program.instr(idx)
         first = {
             "index": idx,
+            "dtype": "f32" if instr.op == "matmul" else instr.out_dtype,
             "mnemonic": program.mnemonics[idx],
             "node": node,
             "op_type": op_type,
@@ -229,7 +231,8 @@ def message(numeric: dict) -> str | None:
         parts.append(f"{first['where']} produced {' and '.join(what)} (the first of "
                      f"{numeric['faulty_instructions']} such instruction(s): {numeric['overflows']} "
                      f"overflows, {numeric['nans_produced']} NaNs in all)")  # fmt: skip
-        if first["ir_op"] in ("mcp.pow", "mcp.mul", "mcp.reduce_mean", "mcp.reduce_sum", "mcp.exp"):
+        stats = ("mcp.pow", "mcp.mul", "mcp.reduce_mean", "mcp.reduce_sum", "mcp.exp")
+        if first.get("dtype") in ("f16", "bf16") and first["ir_op"] in stats:
             parts.append("a norm or softmax computed in a reduced precision overflows on large "
                          "activations: keep its statistics in f32 (precision.f32_islands, "
                          "docs/passes.md)")  # fmt: skip

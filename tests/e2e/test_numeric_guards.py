@@ -69,6 +69,7 @@ def test_without_the_policy_the_pow_overflow_is_flagged(llama):
     assert "ONNX node ln1.pow" in res.output and "overflow" in res.output and "f32_islands" in res.output
     numeric = json.loads((llama / "p.json").read_text())["numeric"]
     assert numeric["first"]["node"] == "ln1.pow" and numeric["first"]["ir_op"] == "mcp.pow"
+    assert numeric["first"]["dtype"] == "f16"
     assert {n["node"] for n in numeric["nodes"]} == {"ln1.pow", "ln2.pow", "ln_f.pow"}
     res = _invoke("check", llama / "m.onnx", *args)
     assert res.exit_code == 7 and "ONNX node ln1.pow" in res.output, res.output
@@ -87,3 +88,4 @@ def test_a_nan_producing_model_is_flagged(tmp_path):
     res = _invoke("check", tmp_path / "m.onnx", tmp_path / "m.mcpb", "--inputs", tmp_path / "in.npz")
     assert res.exit_code == 7, res.output
     assert "ONNX node root" in res.output and "1 NaN(s)" in res.output
+    assert "f32_islands" not in res.output  # no precision hint for an f32 build
