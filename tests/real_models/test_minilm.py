@@ -23,7 +23,7 @@ import pytest
 from real_model import MINILM, dim_bindings, realistic_inputs, with_token_type_ids
 
 import mcpc
-from mcpc.check import compare, run_onnxruntime
+from mcpc.check import Tolerances, compare, run_onnxruntime
 from mcpc.errors import InputError
 from mcpc.ir.interpreter import interpret
 from mcpc.ir.onnx_import import import_onnx
@@ -126,14 +126,11 @@ def _compile_and_compare(model_path, model, tmp_path, target, config, batch, seq
         model_path, target=target, qat_config=config, output=prog, dims=dim_bindings(model, batch, seq)
     )
     program = load_program(prog)
-    tol = (
-        program.meta["default_tolerances"]
-        if "default_tolerances" in program.meta
-        else program.meta["tolerances"]
-    )
+    tol = Tolerances.of_program(program.meta)
     sim = run_program(program, feeds)
     ref = run_onnxruntime(model_path, feeds)
-    return {n: compare(n, y, ref[n], float(tol["rtol"]), float(tol["atol"])) for n, y in sim.outputs.items()}
+    mask = feeds["attention_mask"]
+    return {n: tol.compare(n, y, ref[n], mask=mask) for n, y in sim.outputs.items()}
 
 
 @pytest.mark.slow
