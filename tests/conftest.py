@@ -71,11 +71,15 @@ def vi(name: str, shape, elem=TensorProto.FLOAT):
 
 def _negate_largest_weight(model: onnx.ModelProto) -> str:
     """Break ``model`` in place the way a corrupted build would be broken: negate the element of
-    largest magnitude among the float matrix weights of its MatMul/Gemm nodes (an embedding row
-    of a token the inputs never use would change nothing).  Returns what was changed."""
+    largest magnitude among the float matrix weights of its MatMul/Gemm nodes, read directly or
+    through a Transpose (an embedding row of a token the inputs never use would change nothing).
+    Returns what was changed."""
     from onnx import numpy_helper
 
-    matmul_inputs = {x for n in model.graph.node if n.op_type in ("MatMul", "Gemm") for x in n.input}
+    transposed = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "Transpose"}
+    matmul_inputs = {
+        transposed.get(x, x) for n in model.graph.node if n.op_type in ("MatMul", "Gemm") for x in n.input
+    }
     best = None
     for t in model.graph.initializer:
         if t.name not in matmul_inputs or len(t.dims) < 2:
