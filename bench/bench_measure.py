@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 
 import mcpc
-from mcpc.check import compare, run_onnxruntime
+from mcpc.check import Tolerances, is_logits, run_onnxruntime
 from mcpc.driver import load_qat_config
 from mcpc.sim.api import load_program, run_program
 
@@ -105,12 +105,15 @@ def _profile_summary(profile: dict) -> dict:
 
 
 def _accuracy(sim_outputs: dict, ref: dict, config) -> dict:
-    comps = [compare(n, y, ref[n], config.check.rtol, config.check.atol) for n, y in sim_outputs.items()]
+    tol = config.check
+    criteria = Tolerances.from_mapping(tol.tolerances())
+    comps = [
+        criteria.compare(n, y, ref[n], top1=is_logits(n, y.shape, set())) for n, y in sim_outputs.items()
+    ]
     return {
         "norm_max_err": max(c.norm_max_err for c in comps),
         "cosine": min(c.cosine for c in comps),
-        "rtol": config.check.rtol,
-        "atol": config.check.atol,
+        "tolerances": tol.tolerances(),
         "within_tolerance": all(c.passed for c in comps),
     }
 

@@ -197,7 +197,7 @@ def _compile_to_program(module, target, config, pipeline, model):
 
     options = {
         "precision": config.name,
-        "tolerances": {"rtol": config.check.rtol, "atol": config.check.atol},
+        "tolerances": config.check.tolerances(),
         "passes": [format_pass(p) for p in pipeline],
         "source_model": Path(model).name if isinstance(model, (str, Path)) else None,
         "qat_config": config,
