@@ -53,13 +53,12 @@ def _parse_shapes(ctx, param, items) -> dict[str, tuple[int, ...]] | None:
             raise click.BadParameter(
                 f"{item!r}: shape must be sizes joined by 'x', e.g. 1x128", param=param
             ) from None
-        if any(d < 0 for d in dims):
-            raise click.BadParameter(f"{item!r}: sizes must be >= 0", param=param)
         shapes[name] = dims
     return shapes or None
 
 
 def _parse_dims(ctx, param, items) -> dict[str, int] | None:
+    # sizes are checked against the model (negative, unknown name, empty input) when it is bound
     dims = {}
     for item in items:
         name, value = _split_assignment(param, item)
@@ -67,8 +66,6 @@ def _parse_dims(ctx, param, items) -> dict[str, int] | None:
             dims[name] = int(value)
         except ValueError:
             raise click.BadParameter(f"{item!r}: size must be an integer", param=param) from None
-        if dims[name] < 0:
-            raise click.BadParameter(f"{item!r}: size must be >= 0", param=param)
     return dims or None
 
 
