@@ -74,6 +74,22 @@ def import_onnx(
     return _Importer(proto.graph, label, name, opset, bound, inferred).run()
 
 
+def unsupported_reason(node: onnx.NodeProto, opset: int, used: set[str]) -> str | None:
+    """None when the importer handles ``node``; else why not ("" for an op type it lacks).
+
+    ``used`` holds every value name some node or graph output reads (optional outputs nobody
+    reads may be unsupported without harm)."""
+    if (node.domain, node.op_type) in DOMAIN_HANDLERS:
+        return None
+    if node.domain not in _DEFAULT_DOMAINS:
+        return "custom-domain ops are not supported"
+    if node.op_type not in HANDLERS:
+        return ""
+    if node.op_type in CHECKS:
+        return CHECKS[node.op_type](node, _attrs(node), opset, used) or None
+    return None
+
+
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
@@ -168,16 +184,13 @@ class _Importer:
                 problems.append(f"{what} '{vi.name}': {e}")
         for index, node in enumerate(self.graph.node):
             where = f"node '{node.name or f'{node.op_type}_{index}'}' (op_type {node.op_type}"
-            if (node.domain, node.op_type) in DOMAIN_HANDLERS:
+            reason = unsupported_reason(node, self.opset, used)
+            if reason is None:
                 continue
             if node.domain not in _DEFAULT_DOMAINS:
-                problems.append(f"{where}, domain {node.domain}): custom-domain ops are not supported")
-            elif node.op_type not in HANDLERS:
-                problems.append(f"{where}, opset {self.opset})")
-            elif node.op_type in CHECKS:
-                reason = CHECKS[node.op_type](node, _attrs(node), self.opset, used)
-                if reason:
-                    problems.append(f"{where}, opset {self.opset}): {reason}")
+                problems.append(f"{where}, domain {node.domain}): {reason}")
+            else:
+                problems.append(f"{where}, opset {self.opset})" + (f": {reason}" if reason else ""))
         if problems:
             raise UnsupportedError(
                 f"{self.label}: {len(problems)} unsupported item(s): " + "; ".join(problems)

@@ -31,7 +31,13 @@ from mcpc.cli_guard import (  # noqa: F401  (re-exported: where commands were al
     _stderr_console,
     _stdout_console,
 )
-from mcpc.cli_tools import check_command, conformance_command, disasm_command, inspect_command
+from mcpc.cli_tools import (
+    check_command,
+    conformance_command,
+    disasm_command,
+    inspect_command,
+    inspect_model_command,
+)
 
 # -- option parsing (click.BadParameter -> exit 2) ---------------------------------------------
 
@@ -256,6 +262,7 @@ cli.add_command(compile_command)
 cli.add_command(targets_command)
 cli.add_command(disasm_command)
 cli.add_command(inspect_command)
+cli.add_command(inspect_model_command)
 if _has_module("mcpc.check") and _has_module("mcpc.sim.api"):
     cli.add_command(check_command)
 if _has_module("mcpc.examples"):
