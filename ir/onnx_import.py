@@ -21,13 +21,14 @@ rounding, not a lossless conversion; float64 model inputs/outputs are unsupporte
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from mcpc.errors import InputError, InternalError, McpcError, UnsupportedError
+from mcpc.errors import DoesNotFit, InputError, InternalError, McpcError, UnsupportedError, does_not_fit
 from mcpc.ir import ops_nn, ops_shape  # noqa: F401  (registers the ops the handlers emit)
 from mcpc.ir.core import Function, Module, Operation, Value
 from mcpc.ir.dtypes import I32, I64, DType, dtype_from_numpy
@@ -52,13 +53,17 @@ def import_onnx(
     model: str | Path | onnx.ModelProto,
     shapes: dict[str, tuple[int, ...]] | None = None,
     dims: dict[str, int] | None = None,
+    *,
+    dram_bytes: int | None = None,
 ) -> Module:
     """Import ``model`` (a path or a ModelProto) into a verified ``Module`` with one ``main``.
 
     ``shapes`` binds whole inputs (``{"input_ids": (1, 128)}``); ``dims`` binds a named dim param
     everywhere (``{"seq": 128}``).  Function arguments are the graph inputs that are not
     initializers, in order; ``result_names`` are the graph output names; every op's ``loc`` is the
-    ONNX node name (``<op_type>_<index>`` when unnamed).
+    ONNX node name (``<op_type>_<index>`` when unnamed).  With ``dram_bytes`` (the target's DRAM),
+    inputs that together exceed it are ``DoesNotFit`` before any import work; import-time constants
+    the host cannot allocate are ``DoesNotFit`` naming the node.
     """
     proto, label, name = _load(model)
     try:
@@ -70,8 +75,29 @@ def import_onnx(
     if proto.functions:
         proto = onnx.inliner.inline_local_functions(proto)
     bound = bind_input_shapes(proto.graph, label, shapes or {}, dims or {})
+    if dram_bytes is not None:
+        _check_inputs_fit(proto.graph, label, bound, dram_bytes)
     inferred = _onnx_shapes(proto, bound)
     return _Importer(proto.graph, label, name, opset, bound, inferred).run()
+
+
+def _check_inputs_fit(graph, label: str, bound: dict[str, tuple[int, ...]], dram_bytes: int) -> None:
+    """DoesNotFit when the bound inputs alone need more than ``dram_bytes`` (the target's DRAM)."""
+    sizes = {}
+    for inp in _graph_inputs(graph):
+        bits = onnx_dtype(inp.type.tensor_type.elem_type).bits
+        sizes[inp.name] = (math.prod(bound[inp.name]) * bits + 7) // 8
+    total = sum(sizes.values())
+    if total > dram_bytes:
+        biggest = max(sizes, key=sizes.get)
+        shape = "x".join(map(str, bound[biggest]))
+        raise does_not_fit(
+            f"{label}: the input data (largest: '{biggest}', {shape})",
+            total,
+            dram_bytes,
+            "DRAM",
+            "dram.size_bytes",
+        )
 
 
 def unsupported_reason(node: onnx.NodeProto, opset: int, used: set[str]) -> str | None:
@@ -212,6 +238,11 @@ class _Importer:
             outs = (HANDLERS[node.op_type] if default else DOMAIN_HANDLERS[node.domain, node.op_type])(
                 self, ins
             )
+        except MemoryError:
+            raise DoesNotFit(
+                f"{self.where()}: evaluating it at import needs more host memory than there is (with "
+                f"inputs bound as {self.bindings()}); bind smaller dims (--dim NAME=N, --shape INPUT=AxB)"
+            ) from None
         except ValueError as e:
             # shape arithmetic in a handler (broadcast, axis) rejects this node under the bound dims:
             # e.g. a sequence longer than the model's position table; the user's input, not our bug
