@@ -77,7 +77,7 @@ def import_onnx(
     bound = bind_input_shapes(proto.graph, label, shapes or {}, dims or {})
     if dram_bytes is not None:
         _check_inputs_fit(proto.graph, label, bound, dram_bytes)
-    inferred = _onnx_shapes(proto, bound)
+    inferred = _onnx_shapes(proto, bound, label)
     return _Importer(proto.graph, label, name, opset, bound, inferred).run()
 
 
