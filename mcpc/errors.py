@@ -120,10 +120,21 @@ def does_not_fit(
     what: str, need: int, have: int, resource: str, key: str, target: str = "the target"
 ) -> DoesNotFit:
     """A ``DoesNotFit`` for ``what`` needing ``need`` bytes of ``resource`` where ``target`` has
-    ``have``: by how much, and the three ways out (``--set key=...``, a bigger target, smaller dims)."""
-    return DoesNotFit(
+    ``have``: by how much, and the three ways out (``--set key=...``, a bigger target, smaller dims).
+    Past what the instruction set addresses (no target can have more) only smaller dims help."""
+    from mcpc.arch.target import DRAM_ADDRESS_BYTES, SRAM_ADDRESS_BYTES
+
+    limit = {"dram.size_bytes": DRAM_ADDRESS_BYTES, "sram.size_bytes": SRAM_ADDRESS_BYTES}.get(key)
+    text = (
         f"does not fit the target: {what} needs {_size(need)} of {resource}, {target} has {_size(have)} "
-        f"({_size(need - have)} short). To fit, raise it with --set {key}=N (N at least {need}), "
-        f"choose a target with more {resource} (mcpc targets), or bind smaller dims "
-        "(--dim NAME=N, --shape INPUT=AxB)."
+        f"({_size(need - have)} short)."
+    )
+    if limit is not None and need > limit:
+        return DoesNotFit(
+            f"{text} That is more {resource} than the instruction set addresses ({_size(limit)}), so "
+            "no target can hold it: bind smaller dims (--dim NAME=N, --shape INPUT=AxB)."
+        )
+    return DoesNotFit(
+        f"{text} To fit, raise it with --set {key}=N (N at least {need}), choose a target with more "
+        f"{resource} (mcpc targets), or bind smaller dims (--dim NAME=N, --shape INPUT=AxB)."
     )

@@ -84,3 +84,13 @@ def test_untiled_matmul_stays_a_pass_error():
     with pytest.raises(PassError) as e:
         compile_to_program(matmul_module((1024, 1024), (1024, 1024)), load_target("mcp2026-edge"))
     assert not isinstance(e.value, DoesNotFit)
+
+
+def test_past_the_isa_address_space_only_smaller_dims_help():
+    from mcpc.arch.target import DRAM_ADDRESS_BYTES
+    from mcpc.errors import ConfigError, does_not_fit
+
+    err = does_not_fit("x", DRAM_ADDRESS_BYTES + 1, 1 << 30, "DRAM", "dram.size_bytes")
+    assert "no target can hold it" in err.message and "--set" not in err.message
+    with pytest.raises(ConfigError, match="dram.size_bytes"):
+        load_target("mcp2026-a100", [f"dram.size_bytes={DRAM_ADDRESS_BYTES + 1}"])
