@@ -3,9 +3,12 @@
 ``import_onnx(model, shapes, dims)`` assumes an ONNX model of default-domain opset 13–28 and
 guarantees a ``Module`` that verifies, or one of these errors:
 
-* ``InputError`` — unreadable/truncated file, checker failure, an input dim that is still symbolic
-  after binding (naming the input, dim position and dim param, and how to bind it), a shape given
-  for a non-existent input.
+* ``InputError`` — unreadable/truncated file, checker failure, input dims still symbolic after
+  binding (all of them at once, where each is used, and the ``--dim`` line that binds them).
+* ``UsageError`` — a binding wrong in itself (unknown input or dim name, negative size, rank or
+  fixed dim contradicted, a 0 emptying an input that cannot be empty), listing the model's dims.
+* ``DoesNotFit`` — with ``dram_bytes``, inputs larger than the target's DRAM; an import-time
+  constant the host cannot allocate.
 * ``UnsupportedError`` — every unsupported node listed at once as
   ``node 'name' (op_type OpType, opset N)``, plus unsupported input/output dtypes.
 * ``McpcError`` (exit 70) — an importer bug: our type inference disagrees with ONNX's.

@@ -1,9 +1,11 @@
 """Shapes at ONNX import: binding the graph inputs' symbolic dims, and ONNX's own shape inference.
 
 ``bind_input_shapes`` turns ``--shape``/``--dim`` bindings into a static shape per real graph input
-(InputError naming the input, dim position and dim param, and how to bind it, when one stays
-symbolic).  ``_onnx_shapes`` runs ONNX's shape inference on the bound model, which the importer
-uses only to cross-check its own inference.  ``mcpc.ir.onnx_import`` re-exports these names.
+(InputError naming every dim still symbolic with the ``--dim`` line; UsageError, listing the model's
+dims, for a wrong binding).  ``input_dims``, ``dim_line`` and ``may_be_empty`` (the KV-cache rule
+for a 0) serve ``mcpc inspect-model`` too.  ``_onnx_shapes`` runs ONNX's shape inference on the
+bound model, which the importer uses to cross-check its own inference.  ``mcpc.ir.onnx_import``
+re-exports these names.
 """
 
 from __future__ import annotations
