@@ -12,21 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .dtypes import DTYPES
+
 INSTR_BYTES = 32
 INSTR_BITS = INSTR_BYTES * 8
 HEADER_BITS = 14  # opcode u8 | wait u3 | signal u3
 ENGINES = ("LD", "EX", "ST")
 LD, EX, ST = 0, 1, 2
 
-DTYPE_CODES: dict[str, int] = {
-    "f32": 0, "f16": 1, "bf16": 2, "i32": 3, "i8": 4, "u8": 5,
-    "i4": 6, "u4": 7, "f8e4m3fn": 8, "i1": 9, "i64": 10,
-}  # fmt: skip
+# The dtype field's codes and element sizes come from the one dtype table (mcpc.arch.dtypes).
+DTYPE_CODES: dict[str, int] = {d.name: d.code for d in DTYPES.values()}
 DTYPE_NAMES: dict[int, str] = {v: k for k, v in DTYPE_CODES.items()}
-DTYPE_BYTES: dict[str, float] = {
-    "f32": 4, "f16": 2, "bf16": 2, "i32": 4, "i8": 1, "u8": 1,
-    "i4": 0.5, "u4": 0.5, "f8e4m3fn": 1, "i1": 1, "i64": 8,
-}  # fmt: skip
+DTYPE_BYTES: dict[str, float] = {d.name: d.elem_bytes if d.packed else d.bits // 8 for d in DTYPES.values()}
 
 ENUMS: dict[str, tuple[str, ...]] = {
     "vbin": ("add", "sub", "mul", "div", "pow", "max", "min", "eq", "lt", "gt", "mod", "fmod"),

@@ -23,22 +23,10 @@ import ml_dtypes
 import numpy as np
 from scipy import special as _special
 
+from .dtypes import FLOAT_DTYPES, NUMPY_DTYPES
+
 F32 = np.float32
 
-NUMPY_DTYPES: dict[str, np.dtype] = {
-    "f32": np.dtype(np.float32),
-    "f16": np.dtype(np.float16),
-    "bf16": np.dtype(ml_dtypes.bfloat16),
-    "f8e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
-    "i64": np.dtype(np.int64),
-    "i32": np.dtype(np.int32),
-    "i8": np.dtype(np.int8),
-    "u8": np.dtype(np.uint8),
-    "i4": np.dtype(ml_dtypes.int4),
-    "u4": np.dtype(ml_dtypes.uint4),
-    "i1": np.dtype(np.bool_),
-}
-FLOAT_DTYPES = frozenset({"f32", "f16", "bf16", "f8e4m3fn"})
 _FLOAT_NP = frozenset(NUMPY_DTYPES[n] for n in FLOAT_DTYPES) | {np.dtype(np.float64)}
 _F8_MAX = np.float32(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)  # 448
 
@@ -246,3 +234,58 @@ def matmul_2d(a: np.ndarray, b: np.ndarray, tile: tuple[int, int, int] | None = 
                 else:
                     c += part
     return acc
+
+
+# -- quantization (ONNX QuantizeLinear / DequantizeLinear) ---------------------------------------
+def expand_qparam(p: np.ndarray, shape: tuple[int, ...], axis: int, block_size: int) -> np.ndarray:
+    """A scale or zero point broadcastable to a tensor of ``shape``.
+
+    One element: per-tensor.  ``block_size == 0``: rank 1 along ``axis`` (per-axis).  Otherwise
+    blocked: entry ``i // block_size`` along ``axis`` for element ``i`` (the last block may be short).
+    """
+    p = np.asarray(p)
+    if p.size == 1:
+        return p.reshape(())
+    axis = axis % len(shape)
+    if block_size == 0:
+        dims = [1] * len(shape)
+        dims[axis] = p.size
+        return p.reshape(dims)
+    return np.repeat(p, block_size, axis=axis).take(range(shape[axis]), axis=axis)
+
+
+def quantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, out: str, saturate: bool = True):
+    """``x / scale + zero_point`` stored as the quantized type ``out`` (qparams already expanded).
+
+    The quotient is f32.  Integers: rounded half to even, the zero point added exactly, clipped to
+    the type's range (NaN gives the zero point).  f8e4m3fn: ``x / scale + zero_point`` in f32, rounded
+    half to even once; beyond ±448 (±inf included) it saturates, or with ``saturate=False`` becomes
+    NaN (ONNX's saturate=0); NaN stays NaN.
+    """
+    with np.errstate(all="ignore"):
+        q = np.divide(widen(x).astype(F32), widen(scale).astype(F32), dtype=F32)
+        if out in FLOAT_DTYPES:
+            q = q + widen(zero_point).astype(F32)
+            if saturate:
+                return cast(q, out)
+            return q.astype(NUMPY_DTYPES[out])  # ml_dtypes: overflow and ±inf become NaN
+        lo, hi = (int(v) for v in _int_range(out))
+        r = np.rint(q.astype(np.float64)) + widen(zero_point).astype(np.float64)
+        r = np.where(np.isnan(r), widen(zero_point).astype(np.float64), r)
+        return np.clip(r, lo, hi).astype(np.int64).astype(NUMPY_DTYPES[out])
+
+
+def _int_range(name: str) -> tuple[int, int]:
+    ii = ml_dtypes.iinfo(NUMPY_DTYPES[name])
+    return int(ii.min), int(ii.max)
+
+
+def dequantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, out: str) -> np.ndarray:
+    """``(x - zero_point) * scale`` rounded once to ``out`` (qparams already expanded).
+
+    Integer inputs subtract exactly (i64) and convert to f32; f8 inputs subtract in f32 (exact
+    for the values f8 holds); the product is f32.
+    """
+    d = widen(x) - widen(zero_point)
+    with np.errstate(all="ignore"):
+        return cast(np.multiply(d.astype(F32), widen(scale).astype(F32), dtype=F32), out)

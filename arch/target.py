@@ -20,10 +20,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from mcpc.arch.dtypes import DTYPE_NAMES
 from mcpc.errors import ConfigError, InputError
-
-# Shared dtype vocabulary (see COMMON rules); kept here so mcpc.arch never imports mcpc.ir.
-DTYPE_NAMES = ("f32", "f16", "bf16", "i32", "i8", "u8", "i4", "u4", "f8e4m3fn", "i1", "i64")
 
 # Vector lanes for a dtype the YAML does not list: (listed dtype to borrow from, factor).  Narrow
 # integers and bools run on the integer ALU one element per lane; i64 takes two i32 lanes; fp8 is

@@ -30,11 +30,6 @@ TOLERANCES: dict[str, dict[str, float]] = {
     "fp32": {"rtol": 1e-4, "atol": 1e-5},
     "fp16": {"rtol": 2e-2, "atol": 1e-2},
 }
-# ONNX TensorProto element types of our dtypes (kept here so the backend never imports onnx).
-ONNX_DTYPES: dict[str, int] = {
-    "f32": 1, "u8": 2, "i8": 3, "i32": 6, "i64": 7, "i1": 9, "f16": 10, "bf16": 16,
-    "f8e4m3fn": 17, "u4": 21, "i4": 22,
-}  # fmt: skip
 _NO_CODE = (ConstantOp, ReturnOp, *ALIAS_OPS)
 
 
@@ -293,7 +288,7 @@ def _binding(name: str, value: Any, plan: Any) -> dict:
         "shape": list(t.shape),
         "dram": plan.placements[value],
         "bytes": t.nbytes,
-        "onnx_dtype": ONNX_DTYPES.get(t.dtype.name, 0),
+        "onnx_dtype": t.dtype.onnx,
     }
     if t.dtype.name == "i64" and value.is_argument:
         # The NPU has no 64-bit arithmetic: the program narrows i64 inputs to i32 right away, so

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from mcpc.arch.dtypes import tile_bytes
 from mcpc.backend.fusion import EpilogueOp
 from mcpc.backend.lower_vector import broadcast_strides, scalar_immediate
 from mcpc.backend.lowering import LoweringContext, register_lowering
@@ -41,12 +42,14 @@ def batch_offsets(batch_shape: tuple[int, ...], out_batch: tuple[int, ...]) -> n
     return np.broadcast_to(own, out_batch).reshape(-1)
 
 
-def matmul_sram_bytes(tm: int, tn: int, tk: int, es: int, os_: int, acc: bool, slots: tuple[int, int],
-                      align: int) -> int:  # fmt: skip
-    """SRAM of the kernel: input slots (A and B tiles), output slots, optional f32 accumulator."""
+def matmul_sram_bytes(tm: int, tn: int, tk: int, in_dtype: str, out_dtype: str, acc: bool,
+                      slots: tuple[int, int], align: int) -> int:  # fmt: skip
+    """SRAM of the kernel: input slots (A and B tiles), output slots, optional f32 accumulator
+    (tiles sized by ``tile_bytes``: packed 4-bit rows take half a byte per element, rounded up)."""
     ins, outs = slots
-    total = ins * (align_up(tm * tk * es, align) + align_up(tk * tn * es, align))
-    total += outs * align_up(tm * tn * os_, align)
+    a_tile, b_tile = tile_bytes(in_dtype, tm, tk), tile_bytes(in_dtype, tk, tn)
+    total = ins * (align_up(a_tile, align) + align_up(b_tile, align))
+    total += outs * align_up(tile_bytes(out_dtype, tm, tn), align)
     return total + (align_up(tm * tn * 4, align) if acc else 0)
 
 
@@ -72,15 +75,15 @@ def epilogue_sram_bytes(op: MatMulOp, epilogue: Sequence[EpilogueOp], slots: tup
     at, ct = op.operands[0].type, op.result.type
     tm, tn = _tile_tm_tn(op)
     tk = min((list(op.attrs["tile"]) or [0, 0, 0])[2] or at.shape[-1], at.shape[-1])
-    es = at.dtype.bits // 8
+    es = at.dtype.name
     if not epilogue:
-        return matmul_sram_bytes(tm, tn, tk, es, ct.dtype.bits // 8, ct.dtype.name != "f32", slots, align)
-    fs = epilogue[-1].op.result.type.dtype.bits // 8
+        return matmul_sram_bytes(tm, tn, tk, es, ct.dtype.name, ct.dtype.name != "f32", slots, align)
+    fs = epilogue[-1].op.result.type.dtype.name
     total = matmul_sram_bytes(tm, tn, tk, es, fs, True, slots, align)
     for i, e in enumerate(epilogue):
         if e.other is not None and (loaded is None or loaded[i]):
             r, c, _ = _other_shape(e, tm, tn, ct.shape)
-            total += slots[0] * align_up(r * c * e.other.type.dtype.bits // 8, align)
+            total += slots[0] * align_up(tile_bytes(e.other.type.dtype.name, r, c), align)
     if ct.dtype.name != "f32" or len(epilogue) > 1:
         total += align_up(tm * tn * 4, align)
     return total

@@ -103,11 +103,11 @@ def contiguous_strides(shape: Sequence[int]) -> list[int]:
 
 
 def elem_bytes(t, op) -> int:
-    """Storage bytes per element of tensor type ``t``; sub-byte types are not lowered yet."""
+    """Storage bytes per element of tensor type ``t``; ops on sub-byte types are not lowered yet."""
     if t.dtype.bits % 8:
         raise UnsupportedError(
-            f"backend: {op.describe()}: {t.dtype.name} tensors are packed two per byte and are only "
-            "supported as matmul weights; this op cannot be lowered for them yet"
+            f"backend: {op.describe()}: {t.dtype.name} tensors are stored packed two per byte; this "
+            "op has no lowering for them yet (4-bit data can be stored, passed through and reshaped)"
         )
     return t.dtype.bits // 8
 

@@ -6,9 +6,10 @@ of it, or with cross-kernel prefetch a region the previous kernel does not use, 
 arena's peak is the kernel's planned SRAM use.  ``rows_that_fit`` picks the largest row tile
 whose in/out slots (times 2 with double buffering) plus persistent buffers fit.
 
-DRAM (``plan_dram``): constants packed into one CNST region (each aligned to 64 bytes), then the
-function inputs, the outputs, and a scratch region where intermediates share space by liveness
-(best-fit offsets over [defining op, last use] intervals).  Reshapes alias their operand.
+DRAM (``plan_dram``): constants packed into one CNST region (each aligned to 64 bytes, each
+distinct content once: ``constant_pool.ConstantPool``), then the function inputs, the outputs,
+and a scratch region where intermediates share space by liveness (best-fit offsets over
+[defining op, last use] intervals).  Reshapes alias their operand.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from mcpc.errors import PassError, UnsupportedError
+from mcpc.backend.constant_pool import ConstantPool
+from mcpc.errors import PassError
 from mcpc.ir.ops import ConstantOp, ReshapeOp
 
 # Ops whose result is a view of their operand's DRAM bytes: planned as aliases, lowered to nothing.
@@ -190,29 +192,30 @@ def plan_dram(module: Any, positions: Mapping[Any, int] | None = None) -> DramPl
     its index in its function); the backend's epilogue fusion runs a group's ops at its head's
     index, so values they read stay live, and results they write start, there.
 
-    Layout: the CNST blob at address 0 (each constant 64-byte aligned, module order), then per
-    function (in module order): one region per input, one per output, then a scratch region where
+    Layout: the CNST blob at address 0 (each constant 64-byte aligned, module order; constants
+    equal in dtype, shape and bytes, in any functions, share one copy), then per function (in
+    module order): one region per input, one per output, then a scratch region where
     intermediates share space by liveness (``assign_offsets``).  ``mcp.reshape`` results alias
     their operand (no copy); an output that aliases an input or a constant is bound to its bytes.
-    Raises UnsupportedError for tensors of sub-byte dtypes (packed int4 needs the quantized
-    lowerings, not in this backend yet).
+    Every tensor is stored as ``mcpc.arch.dtypes.to_storage`` lays it out: row-major, sub-byte
+    types packed two per byte, low nibble first (as ONNX packs int4), so a tensor of ``n`` 4-bit
+    elements takes ``ceil(n / 2)`` bytes in the constants blob and in every region.
     """
     plan = DramPlan()
-    blob = bytearray()
+    pool = ConstantPool(DRAM_ALIGN)  # the program's, shared by every function
     for fn in module.functions.values():
         for op in fn.ops:
             if isinstance(op, ConstantOp):
-                _check_storable(op.result, op.describe())
                 arr = np.ascontiguousarray(op.value)
-                blob.extend(bytes(align_up(len(blob), DRAM_ALIGN) - len(blob)))
-                plan.placements[op.result] = len(blob)
+                plan.placements[op.result] = pool.add(arr, f"{fn.name}:{op.loc or 'constant'}")
                 plan.constants[op.result] = arr
-                plan.buffers.append(
-                    _record(f"{fn.name}:{op.loc or 'constant'}", "const", len(blob), arr.nbytes)
-                )
-                blob.extend(arr.tobytes())
-    blob.extend(bytes(align_up(len(blob), DRAM_ALIGN) - len(blob)))
-    plan.cnst = bytes(blob)
+    for entry in pool.entries:
+        rec = _record(entry.users[0], "const", entry.offset, entry.size)
+        if len(entry.users) > 1:
+            rec["users"] = list(entry.users)
+        plan.buffers.append(rec)
+    blob = pool.blob()
+    plan.cnst = blob
     if blob:
         plan.regions.append({"name": "constants", "kind": "const", "dram": 0, "bytes": len(blob)})
     cursor = len(blob)
@@ -225,7 +228,6 @@ def plan_dram(module: Any, positions: Mapping[Any, int] | None = None) -> DramPl
 def _plan_function(fn: Any, plan: DramPlan, cursor: int, positions: Mapping[Any, int]) -> int:
     root: dict = {}  # value -> the value owning its bytes
     for arg in fn.args:
-        _check_storable(arg, f"func @{fn.name} input '{arg.name}'")
         root[arg] = arg
         plan.placements[arg] = cursor
         plan.regions.append(
@@ -249,7 +251,6 @@ def _plan_function(fn: Any, plan: DramPlan, cursor: int, positions: Mapping[Any,
         for r in op.results:
             root[r] = r
             if r not in plan.placements:  # constants are placed already
-                _check_storable(r, op.describe())
                 first[r] = idx
     outputs = [root.get(v, v) for v in fn.outputs]
     for name, v in zip(fn.result_names, outputs, strict=True):
@@ -285,11 +286,3 @@ def _record(
     if first is not None:
         rec["live"] = [first, last]
     return rec
-
-
-def _check_storable(value: Any, what: str) -> None:
-    if value.type.dtype.bits < 8:
-        raise UnsupportedError(
-            f"{what}: {value.type} has a sub-byte dtype; packed 4-bit tensors in DRAM need the "
-            "quantized lowerings, which this backend does not have yet"
-        )

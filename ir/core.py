@@ -8,7 +8,8 @@ result — and used only after its definition.
 Each op is one ``Operation`` subclass with a ``name`` (``mcp.matmul``), its attribute schema and an
 ``infer_types`` classmethod that both builds result types and checks operands: the generic verifier
 re-runs it and compares with the declared result types, so an op's shape rules live in one place.
-Quantization parameters have room on both values and ops (``quant`` dicts), printed as attributes.
+Quantization is expressed by ops (``mcp.quantize`` / ``mcp.dequantize``) whose scales and zero points
+are typed operands, never by annotations on values.
 """
 
 from __future__ import annotations
@@ -48,14 +49,13 @@ class Attr:
 class Value:
     """An SSA value: defined by a function argument or an op result; has a static tensor type."""
 
-    __slots__ = ("type", "owner", "index", "name", "quant")
+    __slots__ = ("type", "owner", "index", "name")
 
     def __init__(self, type: TensorType, owner=None, index: int = 0, name: str | None = None):
         self.type = type
         self.owner = owner  # Operation, or Function for arguments
         self.index = index
         self.name = name  # argument name (model input name); None for op results
-        self.quant: dict | None = None  # quantization parameters of this value, if any
 
     @property
     def is_argument(self) -> bool:
@@ -96,7 +96,6 @@ class Operation:
             result_types = self.infer_types([v.type for v in self.operands], self.attrs)
         self.results: list[Value] = [Value(t, self, i) for i, t in enumerate(result_types)]
         self.loc = loc  # the ONNX node this op came from (debug map, errors)
-        self.quant: dict | None = None
 
     # -- schema -----------------------------------------------------------------------------
     @classmethod

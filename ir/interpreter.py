@@ -260,6 +260,25 @@ def _reduce_max(op, args):
     return [nx.row_reduce("max", x2, _out(op)).reshape(op.result.type.shape)]
 
 
+# -- quantization --------------------------------------------------------------------------------
+def _qparams(op, args):
+    x, scale, zp = args
+    axis, block = int(op.attrs["axis"]), int(op.attrs["block_size"])
+    return x, nx.expand_qparam(scale, x.shape, axis, block), nx.expand_qparam(zp, x.shape, axis, block)
+
+
+@impl(ops.QuantizeOp)
+def _quantize(op, args):
+    x, s, z = _qparams(op, args)
+    return [np.asarray(nx.quantize(x, s, z, _out(op), bool(op.attrs["saturate"])))]
+
+
+@impl(ops.DequantizeOp)
+def _dequantize(op, args):
+    x, s, z = _qparams(op, args)
+    return [np.asarray(nx.dequantize(x, s, z, _out(op)))]
+
+
 # -- shape ---------------------------------------------------------------------------------------
 @impl(ops.ReshapeOp)
 def _reshape(op, args):

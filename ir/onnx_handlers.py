@@ -17,31 +17,19 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 
+from mcpc.arch.dtypes import BY_ONNX
 from mcpc.errors import UnsupportedError
 from mcpc.ir import ops
-from mcpc.ir.dtypes import BF16, F8E4M3FN, F16, F32, I1, I4, I8, I32, I64, U4, U8, DType
+from mcpc.ir.dtypes import F32, I1, U8, DType
 from mcpc.ir.ops_core import normalize_axis
 
 _T = onnx.TensorProto
-_ONNX_DTYPES: dict[int, DType] = {
-    _T.FLOAT: F32,
-    _T.FLOAT16: F16,
-    _T.BFLOAT16: BF16,
-    _T.FLOAT8E4M3FN: F8E4M3FN,
-    _T.INT64: I64,
-    _T.INT32: I32,
-    _T.INT8: I8,
-    _T.UINT8: U8,
-    _T.INT4: I4,
-    _T.UINT4: U4,
-    _T.BOOL: I1,
-}
 
 
 def onnx_dtype(elem_type: int) -> DType:
     """The IR dtype of an ONNX element type; UnsupportedError naming it otherwise."""
-    if elem_type in _ONNX_DTYPES:
-        return _ONNX_DTYPES[elem_type]
+    if elem_type in BY_ONNX:
+        return BY_ONNX[elem_type]
     name = _T.DataType.Name(elem_type) if elem_type in _T.DataType.values() else str(elem_type)
     hint = " (float64 model inputs/outputs: export the model in float32)" if elem_type == _T.DOUBLE else ""
     raise UnsupportedError(f"element type {name} is not supported{hint}")
@@ -302,9 +290,7 @@ def _gemm(ctx, ins):
     alpha, beta = ctx.attr("alpha", 1.0), ctx.attr("beta", 1.0)
     if ctx.attr("transA", 0):
         a = ctx.emit(ops.TransposeOp, [a], {"perm": [1, 0]})
-    trans_b = bool(ctx.attr("transB", 0))
-    if trans_b and isinstance(b, np.ndarray):  # fold the transpose of a constant weight
-        b, trans_b = ctx.emit(ops.TransposeOp, [b], {"perm": [1, 0]}), False
+    trans_b = bool(ctx.attr("transB", 0))  # a constant weight is read transposed, never copied
     if alpha != 1.0 and isinstance(b, np.ndarray):
         b, alpha = ctx.emit(ops.MulOp, [b, _scalar(ctx, alpha, b)]), 1.0
     y = ctx.emit(ops.MatMulOp, [a, b], {"trans_b": trans_b})
@@ -382,4 +368,4 @@ def _reduce(ctx, ins):
 
 # The constant, shape and data-movement handlers live in their own module and register into the
 # tables above when imported; importing them here keeps HANDLERS complete for every caller.
-from mcpc.ir import onnx_handlers_shape  # noqa: E402, F401
+from mcpc.ir import onnx_handlers_quant, onnx_handlers_shape  # noqa: E402, F401

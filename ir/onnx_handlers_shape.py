@@ -18,6 +18,9 @@ from mcpc.ir import ops
 from mcpc.ir.onnx_handlers import _reshape, check, handles
 from mcpc.ir.ops_core import broadcast_shapes, normalize_axis
 
+# A Transpose of a float constant larger than this stays an op for fold-constants (see _transpose).
+TRANSPOSE_FOLD_MAX_ELEMENTS = 1 << 12
+
 
 # -- constants and shape subgraphs ---------------------------------------------------------------
 @check("Constant")
@@ -140,7 +143,12 @@ def _transpose(ctx, ins):
     perm = list(ctx.attr("perm", list(range(rank))[::-1]))
     if perm == list(range(rank)):
         return [ins[0]]
-    return [ctx.emit(ops.TransposeOp, ins[:1], {"perm": perm})]
+    x = ins[0]
+    if isinstance(x, np.ndarray) and x.dtype.kind == "f" and x.size > TRANSPOSE_FOLD_MAX_ELEMENTS:
+        # a weight, not a shape tensor: fold-constants, which sees all its uses, lets a matmul
+        # read it transposed and copies it only when nothing else reads it (a tied embedding)
+        x = ctx.value(x)
+    return [ctx.emit(ops.TransposeOp, [x], {"perm": perm})]
 
 
 @handles("Concat")

@@ -44,6 +44,7 @@ from mcpc.ir.ops_nn import (
     ReduceSumOp,
     SoftmaxOp,
 )
+from mcpc.ir.ops_quant import DequantizeOp, QuantizeOp
 from mcpc.ir.ops_shape import (
     BroadcastOp,
     ConcatOp,
@@ -62,6 +63,7 @@ __all__ = [
     "ConcatOp",
     "ConstantOp",
     "CosOp",
+    "DequantizeOp",
     "DivOp",
     "EqualOp",
     "ErfOp",
@@ -82,6 +84,7 @@ __all__ = [
     "MulOp",
     "NegOp",
     "PowOp",
+    "QuantizeOp",
     "ReciprocalOp",
     "ReduceMaxOp",
     "ReduceMeanOp",

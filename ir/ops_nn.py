@@ -56,7 +56,11 @@ class MatMulOp(Operation):
         a, b = operand_types
         _require_float("operand a", a)
         if a.dtype != b.dtype:
-            raise ValueError(f"operand dtypes differ: {a.dtype} vs {b.dtype}")
+            hint = "mcp.dequantize" if not b.dtype.is_float else "mcp.cast"
+            raise ValueError(
+                f"operand dtypes differ: {a.dtype} vs {b.dtype}; mcp.matmul multiplies two tensors of "
+                f"one float dtype (convert the other operand first, e.g. with {hint})"
+            )
         if a.rank < 2 or b.rank < 2:
             raise ValueError(f"operands must have rank >= 2, got {a} and {b}")
         m, k = a.shape[-2:]

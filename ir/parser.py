@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from mcpc.arch.dtypes import from_storage
 from mcpc.errors import ParseError
 from mcpc.ir.core import OP_REGISTRY, Function, Module, Value
 from mcpc.ir.dtypes import DTYPES, DType
@@ -208,12 +209,9 @@ class _Parser:
                 raw = bytes.fromhex(payload[2:])
             except ValueError:
                 raise c.error("dense payload is not valid hex", body_pos) from None
-            if len(raw) != ttype.numel * npd.itemsize:
-                raise c.error(
-                    f"dense payload has {len(raw)} bytes, {ttype} needs {ttype.numel * npd.itemsize}",
-                    body_pos,
-                )
-            return np.frombuffer(raw, dtype=npd).reshape(ttype.shape).copy()
+            if len(raw) != ttype.nbytes:
+                raise c.error(f"dense payload has {len(raw)} bytes, {ttype} needs {ttype.nbytes}", body_pos)
+            return from_storage(raw, ttype.dtype.name, ttype.shape).copy()
         if not isinstance(payload, list) or len(payload) != ttype.numel:
             raise c.error(f"dense literal must list {ttype.numel} elements for {ttype}", body_pos)
         return (
@@ -247,8 +245,7 @@ class _Parser:
                 akey, aname = c.value_name()
                 c.expect(":")
                 atype = self.parse_type()
-                quant = self.parse_dict() if c.peek("{") else None
-                arg_specs.append((akey, aname, atype, quant, pos))
+                arg_specs.append((akey, aname, atype, pos))
                 if c.accept(")"):
                     break
                 c.expect(",")
@@ -267,10 +264,9 @@ class _Parser:
                 c.expect(",")
         func = Function(fname, [a[2] for a in arg_specs], [a[1] for a in arg_specs])
         scope: dict[str, Value] = {}
-        for arg, (akey, aname, _, quant, pos) in zip(func.args, arg_specs, strict=True):
+        for arg, (akey, aname, _, pos) in zip(func.args, arg_specs, strict=True):
             if akey in scope:
                 raise c.error(f"duplicate argument %{aname}", pos)
-            arg.quant = quant
             scope[akey] = arg
         if c.peek_word("attributes"):
             c.expect_word("attributes")
@@ -339,20 +335,6 @@ class _Parser:
         if len(out_types) != len(defs):
             raise c.error(f"{opname}: {len(defs)} results named but {len(out_types)} result types", op_pos)
         op = cls(operands, attrs, result_types=out_types)
-        if c.peek_word("quant"):
-            c.expect_word("quant")
-            op.quant = self.parse_dict()
-        if c.peek_word("result_quant"):
-            c.expect_word("result_quant")
-            c.expect("[")
-            for i, r in enumerate(op.results):
-                if i:
-                    c.expect(",")
-                if c.peek_word("none"):
-                    c.expect_word("none")
-                else:
-                    r.quant = self.parse_dict()
-            c.expect("]")
         if c.peek_word("loc"):
             c.expect_word("loc")
             c.expect("(")

@@ -5,11 +5,10 @@ Grammar (informal)::
     module   := 'module' '@' NAME ['attributes' dict] '{' func* '}'
     func     := 'func' '@' NAME '(' [arg (',' arg)*] ')' '->' '(' [res (',' res)*] ')'
                 ['attributes' dict] '{' op* '}'
-    arg      := VALUE ':' type [dict]             -- dict holds the value's quant params, if any
+    arg      := VALUE ':' type
     res      := STRING ':' type                   -- the output's name
     op       := [VALUE (',' VALUE)* '='] OPNAME [VALUE (',' VALUE)*] [dict]
-                ':' '(' [type (',' type)*] ')' '->' results ['quant' dict]
-                ['result_quant' '[' (dict | 'none') (',' ...)* ']'] ['loc' '(' STRING ')']
+                ':' '(' [type (',' type)*] ')' '->' results ['loc' '(' STRING ')']
     results  := type | '(' [type (',' type)*] ')'
     type     := 'tensor' '<' (INT 'x')* DTYPE '>'
     attr     := INT | FLOAT | 'true' | 'false' | STRING | DTYPE | '[' attr,* ']' | dict
@@ -20,7 +19,7 @@ Grammar (informal)::
 Op results are numbered ``%0, %1, …`` in order of definition; function arguments keep the model's
 input names (quoted when they are not plain identifiers).  Attribute dicts are printed with sorted
 keys, floats with ``repr`` (exact round trip), tensors with more than 8 elements as the hex of
-their little-endian bytes.
+their little-endian bytes (sub-byte types packed two per byte, low nibble first, as stored).
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from mcpc.arch.dtypes import to_storage
 from mcpc.ir.core import Function, Module, Operation, Value
 from mcpc.ir.dtypes import DType, dtype_from_numpy
 from mcpc.ir.types import TensorType
@@ -66,7 +66,7 @@ def format_tensor(a: np.ndarray) -> str:
         else:
             items = [str(int(x)) for x in flat]
         return f"dense<[{', '.join(items)}]> : {ttype}"
-    raw = np.ascontiguousarray(a).tobytes()
+    raw = to_storage(a)  # little-endian, sub-byte types packed two per byte (low nibble first)
     return f'dense<"0x{raw.hex().upper()}"> : {ttype}'
 
 
@@ -128,11 +128,6 @@ def print_op(op: Operation, namer: _Namer) -> str:
     outs = [str(r.type) for r in op.results]
     res = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ")"
     parts.append(f" : ({ins}) -> {res}")
-    if op.quant:
-        parts.append(" quant " + format_dict(op.quant))
-    if any(r.quant for r in op.results):
-        items = [format_dict(r.quant) if r.quant else "none" for r in op.results]
-        parts.append(" result_quant [" + ", ".join(items) + "]")
     if op.loc is not None:
         parts.append(f" loc({json.dumps(op.loc)})")
     return "".join(parts)
@@ -140,12 +135,7 @@ def print_op(op: Operation, namer: _Namer) -> str:
 
 def print_function(func: Function, indent: str = "  ") -> str:
     namer = _Namer(func)
-    args = []
-    for a in func.args:
-        s = f"{namer(a)}: {a.type}"
-        if a.quant:
-            s += " " + format_dict(a.quant)
-        args.append(s)
+    args = [f"{namer(a)}: {a.type}" for a in func.args]
     results = [f"{json.dumps(n)}: {v.type}" for n, v in zip(func.result_names, func.outputs, strict=False)]
     head = f"{indent}func @{format_name(func.name)}({', '.join(args)}) -> ({', '.join(results)})"
     if func.attrs:

@@ -120,9 +120,11 @@ def inspect_command(program):
     console.print(io)
     mm = prog.memory_map or {}
     regions, peak = len(mm.get("regions", [])), mm.get("sram_peak_bytes", "?")
+    consts = [b for b in mm.get("buffers", []) if b.get("kind") == "const"]
+    shared = sum(len(b.get("users", [])) - 1 for b in consts if b.get("users"))
     console.print(
-        f"DRAM {mm.get('dram_size', '?')} bytes in {regions} regions, constants {len(prog.constants)} bytes, "
-        f"planned SRAM peak {peak} bytes"
+        f"DRAM {mm.get('dram_size', '?')} bytes in {regions} regions, constants {len(prog.constants)} bytes "
+        f"({len(consts)} stored, {shared} shared references), planned SRAM peak {peak} bytes"
     )
 
 

@@ -113,10 +113,8 @@ def _has_f32_attr(op: Operation) -> bool:
 
 
 def _carry(old: Operation, new: Operation, vmap: dict[int, Value], new_ops: list[Operation]) -> None:
-    """Append ``new`` in place of ``old``, keeping quant info and mapping old results to new ones."""
-    new.quant = old.quant
+    """Append ``new`` in place of ``old``, mapping old results to new ones."""
     for o, n in zip(old.results, new.results, strict=True):
-        n.quant = o.quant
         if n is not o:
             vmap[id(o)] = n
     new_ops.append(new)

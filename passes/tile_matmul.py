@@ -26,12 +26,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from mcpc.arch.dtypes import DTYPES, tile_bytes
 from mcpc.errors import DoesNotFit, PassError, does_not_fit
 from mcpc.ir.core import Module
 from mcpc.ir.ops import MatMulOp
 from mcpc.passes.manager import Pass, PassContext, register_pass
 
-_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "f8e4m3fn": 1, "i8": 1, "i32": 4}
 # Parts each dim may be split into (more for long dims, via powers of two below).
 _PARTS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
 _MAX_FIELD = 65535  # matmul m/n/k are u16 in ISA v1
@@ -55,8 +55,8 @@ def _splits(dim: int, unit: int) -> list[int]:
 
 def slot_bytes(tm: int, tn: int, tk: int, in_dtype: str, out_dtype: str, align: int) -> int:
     """SRAM the backend's matmul kernel needs for a tile with double buffering (in/out slots x2)."""
-    es, os_ = _BYTES[in_dtype], _BYTES[out_dtype]
-    total = 2 * (_align(tm * tk * es, align) + _align(tk * tn * es, align)) + 2 * _align(tm * tn * os_, align)
+    ins = _align(tile_bytes(in_dtype, tm, tk), align) + _align(tile_bytes(in_dtype, tk, tn), align)
+    total = 2 * ins + 2 * _align(tile_bytes(out_dtype, tm, tn), align)
     if out_dtype != "f32":
         total += _align(tm * tn * 4, align)
     return total
@@ -76,7 +76,7 @@ def estimate_cycles(batch: int, m: int, n: int, k: int, tile: tuple[int, int, in
     rows, cols = mac.array_rows, mac.array_cols
     rate = target.macs_per_cycle_for(in_dtype)
     bpc = target.dram_bytes_per_cycle
-    es, os_ = _BYTES[in_dtype], _BYTES[out_dtype]
+    es, os_ = DTYPES[in_dtype].elem_bytes, DTYPES[out_dtype].elem_bytes  # 0.5 for packed 4-bit
     lat = target.dram_latency_cycles
     sum_c = sum_d = sum_max = 0.0
     last_c = first_d = last_s = 0.0

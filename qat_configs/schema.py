@@ -35,14 +35,12 @@ from pydantic import (
     model_validator,
 )
 
+from mcpc.arch.dtypes import DTYPE_NAMES
 from mcpc.errors import ConfigError, UsageError
 from mcpc.passes.manager import parse_pipeline
 from mcpc.passes.presets import PRESETS, resolve_pipeline
 
 SUPPORTED_SCHEMAS = (1,)
-
-# The shared dtype vocabulary (IR text, ISA, .mcpb, targets use the same names).
-DTYPE_NAMES = ("f32", "f16", "bf16", "i64", "i32", "i8", "u8", "i4", "u4", "f8e4m3fn", "i1")
 
 
 def _dtype(value: Any) -> str:

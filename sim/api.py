@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mcpc.arch.dtypes import FLOAT_DTYPES, NUMPY_DTYPES
 from mcpc.arch.isa import ENGINES
-from mcpc.arch.numerics import NUMPY_DTYPES
 from mcpc.errors import InputError, SimTrap
 
 from .loader import LoadedProgram, from_program, load_program
@@ -176,7 +176,7 @@ def random_inputs(program: LoadedProgram, entry: str = "main", seed: int = 0) ->
     for b in io.get("inputs", []):
         dt, shape = _dtype(b, program.source), _shape(b, program.source)
         name = b["dtype"]
-        if name in ("f32", "f16", "bf16", "f8e4m3fn"):
+        if name in FLOAT_DTYPES:
             out[b["name"]] = rng.standard_normal(shape, dtype=np.float32).astype(dt)
         elif name == "i1":
             out[b["name"]] = rng.integers(0, 2, shape).astype(np.bool_)

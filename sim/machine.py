@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from mcpc.arch.numerics import NUMPY_DTYPES
+# Packing of 4-bit types is defined once, with the dtype table.
+from mcpc.arch.dtypes import PACKED, nbytes  # noqa: F401
+from mcpc.arch.dtypes import pack_nibbles as pack4  # noqa: F401
+from mcpc.arch.dtypes import unpack_nibbles as unpack4  # noqa: F401
 
 N_REGS = 16
-PACKED = frozenset({"i4", "u4"})
 
 
 class Fault(Exception):
@@ -47,29 +49,6 @@ class Machine:
         self.sram = np.zeros(sram_size, dtype=np.uint8)
         self.regs = [0] * N_REGS
         self.dram_size = dram_size
-
-
-def nbytes(dtype: str, count: int) -> int:
-    """Bytes ``count`` elements of ``dtype`` occupy in memory (4-bit types packed two per byte)."""
-    return (count + 1) // 2 if dtype in PACKED else count * NUMPY_DTYPES[dtype].itemsize
-
-
-def unpack4(raw: np.ndarray, dtype: str, count: int) -> np.ndarray:
-    """``count`` 4-bit elements from the uint8 array ``raw`` (last axis), element 2j in the low nibble."""
-    nib = np.stack([raw & 0xF, raw >> 4], axis=-1).reshape(*raw.shape[:-1], -1)[..., :count]
-    if dtype == "i4":
-        nib = (nib.astype(np.int8) ^ 8) - 8  # sign-extend the nibble
-    return nib.astype(NUMPY_DTYPES[dtype])
-
-
-def pack4(values: np.ndarray, keep_last_high: np.ndarray | None = None) -> np.ndarray:
-    """Bytes of 4-bit ``values`` along the last axis; for an odd count the last byte keeps the high
-    nibble ``keep_last_high`` (the byte's current value, so a write never clobbers a neighbour)."""
-    nib = (np.asarray(values).astype(np.int8) & 0xF).astype(np.uint8)
-    if nib.shape[-1] % 2:
-        pad = np.zeros(nib.shape[:-1] + (1,), np.uint8) if keep_last_high is None else keep_last_high >> 4
-        nib = np.concatenate([nib, pad], axis=-1)
-    return nib[..., 0::2] | (nib[..., 1::2] << 4)
 
 
 def view(buf: np.ndarray, addr: int, rows: int, cols: int, row_step: int, col_step: int, dt: np.dtype):

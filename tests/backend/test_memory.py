@@ -15,7 +15,7 @@ from mcpc.backend.memory import (
     plan_dram,
     rows_that_fit,
 )
-from mcpc.errors import PassError, UnsupportedError
+from mcpc.errors import PassError
 from mcpc.ir import DTYPES, Function, Module, TensorType
 from mcpc.ir.ops import AddOp, ConstantOp, ExpOp, ReshapeOp, ReturnOp
 
@@ -144,11 +144,44 @@ def test_outputs_aliasing_inputs_and_constants_are_bound_to_their_bytes():
     assert "output" not in [r["kind"] for r in plan.regions]
 
 
-def test_sub_byte_tensors_are_refused():
-    f = Function("main", [TensorType((4, 8), DTYPES["i4"])], ["q"])
-    f.append(ReturnOp([f.args[0]]))
-    f.result_names = ["y"]
+def test_sub_byte_tensors_are_stored_packed_low_nibble_first():
+    i4 = DTYPES["i4"]
+    w = np.array([[1, -2, 7], [-8, 0, 3], [5, -1, 2]], dtype=i4.np_dtype)  # 9 elements: 5 bytes
+    f = Function("main", [TensorType((4, 7), i4)], ["q"])
+    c = f.append(ConstantOp([], {"value": w}))
+    f.append(ReturnOp([f.args[0], c.result]))
+    f.result_names = ["y", "w"]
     m = Module("t")
     m.add_function(f)
-    with pytest.raises(UnsupportedError, match="input 'q'.*sub-byte"):
-        plan_dram(m)
+    plan = plan_dram(m)
+    const = next(b for b in plan.buffers if b["kind"] == "const")
+    assert const["bytes"] == 5
+    addr = plan.placements[c.result]
+    assert list(plan.cnst[addr : addr + 5]) == [0xE1, 0x87, 0x30, 0xF5, 0x02]
+    inp = next(r for r in plan.regions if r["kind"] == "input")
+    assert inp["bytes"] == 14  # 28 nibbles
+    assert plan.placements[f.outputs[0]] == plan.placements[f.args[0]]
+
+
+def test_packed_constants_and_io_survive_mcpb_and_the_simulator(tmp_path):
+    from mcpc.arch.mcpb import write_mcpb
+    from mcpc.arch.target import load_target
+    from mcpc.backend import compile_to_program
+    from mcpc.sim.api import load_program, run_program
+
+    u4, i4 = DTYPES["u4"], DTYPES["i4"]
+    rng = np.random.default_rng(3)
+    w = rng.integers(0, 16, (3, 5)).astype(u4.np_dtype)
+    f = Function("main", [TensorType((7,), i4)], ["q"])
+    c = f.append(ConstantOp([], {"value": w}))
+    r = f.append(ReshapeOp([c.result], {"shape": [15]}))
+    f.append(ReturnOp([f.args[0], r.result]))
+    f.result_names = ["y", "w"]
+    m = Module("t")
+    m.add_function(f)
+    prog = compile_to_program(m, load_target("mcp2026-edge"))
+    write_mcpb(tmp_path / "p.mcpb", prog)
+    q = np.array([-8, 7, 0, -1, 3, 2, -5], dtype=i4.np_dtype)
+    out = run_program(load_program(tmp_path / "p.mcpb"), {"q": q}).outputs
+    assert out["y"].dtype == i4.np_dtype and np.array_equal(out["y"], q)
+    assert out["w"].dtype == u4.np_dtype and np.array_equal(out["w"], w.reshape(15))

@@ -299,3 +299,27 @@ def test_com_microsoft_gelu_is_mapped(ort_run):
     module = import_onnx(model)
     assert [op.name for op in module.main.ops] == ["mcp.gelu", "mcp.return"]
     assert norm_max_err(interpret(module, {"x": x})["y"], ort_run(model, {"x": x})["y"]) <= 1e-5
+
+
+@pytest.mark.parametrize("pattern", ["gemm", "matmul_transpose"])
+def test_transposed_weights_are_not_copied_at_import(pattern, ort_run):
+    """Gemm transB=1 keeps trans_b on the weight as stored; a Transpose of a weight is left as an
+    op (fold-constants, seeing every use, decides whether a matmul reads it in place)."""
+    w = numpy_helper.from_array(_randn(96, 64), "w")  # 6144 elements: a weight, not a shape tensor
+    if pattern == "gemm":
+        nodes = [helper.make_node("Gemm", ["x", "w"], ["y"], name="head", transB=1)]
+    else:
+        nodes = [
+            helper.make_node("Transpose", ["w"], ["wt"], name="t", perm=[1, 0]),
+            helper.make_node("MatMul", ["x", "wt"], ["y"], name="head"),
+        ]
+    model = make_model(nodes, [vi("x", [3, 64])], [vi("y", [3, 96])], [w])
+    module = import_onnx(model)
+    (const,) = [op for op in module.main.ops if op.name == "mcp.constant"]
+    assert const.result.type.shape == (96, 64)
+    (mm,) = [op for op in module.main.ops if op.name == "mcp.matmul"]
+    assert mm.attrs["trans_b"] == (pattern == "gemm")
+    assert any(op.name == "mcp.transpose" for op in module.main.ops) == (pattern != "gemm")
+    x = _randn(3, 64)
+    got, ref = interpret(module, {"x": x})["y"], ort_run(model, {"x": x})["y"]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mcpc.ir import OP_REGISTRY, Function, Module, TensorType, parse_module, print_module
-from mcpc.ir.dtypes import BF16, DTYPES, F16, F32, I1, I32, I64
+from mcpc.ir.dtypes import BF16, DTYPES, F8E4M3FN, F16, F32, I1, I4, I32, I64, U8
 from mcpc.ir.ops import ConstantOp, ReturnOp
 
 
@@ -45,6 +45,8 @@ SAMPLES = {
     "mcp.slice": ([t(5, 6)], {"starts": [4, 1], "ends": [-1, 6], "steps": [-2, 2]}),
     "mcp.gather": ([t(5, 6, dtype=F16), t(2, 3, dtype=I64)], {"axis": 1}),
     "mcp.broadcast": ([t(3, 1)], {"shape": [2, 1, 4]}),
+    "mcp.quantize": ([t(4, 6, dtype=F16), t(4, 2), t(4, 2, dtype=I4)], {"axis": -1, "block_size": 3}),
+    "mcp.dequantize": ([t(4, 6, dtype=U8), t(4, dtype=BF16), t(4, dtype=U8)], {"axis": 0, "out": F32}),
 }
 
 
@@ -94,6 +96,23 @@ def test_matmul_default_out_is_operand_dtype():
     assert default.result.type == t(2, 4, 6, dtype=F16)
 
 
+def test_quantize_ops_print_their_qparams_and_defaults():
+    q = roundtrip(one_op_module("mcp.quantize"))
+    assert "{axis = -1, block_size = 3, saturate = true}" in q and "-> tensor<4x6xi4>" in q
+    d = roundtrip(one_op_module("mcp.dequantize"))
+    assert "{axis = 0, block_size = 0, out = f32}" in d and "-> tensor<4x6xf32>" in d
+    # f8 per-tensor, saturate off, result dtype = the zero point's; dequantize defaults to the scale's
+    module = Module("m")
+    func = module.add_function(Function("main", [t(3, 5), t(), t(dtype=F8E4M3FN)], ["x", "s", "z"]))
+    x, s, z = func.args
+    qop = func.append(OP_REGISTRY["mcp.quantize"]([x, s, z], {"saturate": False}))
+    dq = func.append(OP_REGISTRY["mcp.dequantize"]([qop.result, s, z]))
+    func.append(ReturnOp([dq.result]))
+    func.result_names = ["y"]
+    text = roundtrip(module)
+    assert "saturate = false" in text and "-> tensor<3x5xf8e4m3fn>" in text and "out = f32" in text
+
+
 def test_list_defaults_are_not_shared_between_ops():
     op = one_op_module("mcp.matmul").main.ops[0]
     a = OP_REGISTRY["mcp.matmul"](op.operands, {"trans_b": True})
@@ -124,17 +143,12 @@ def test_attributes_of_every_kind_quant_and_quoted_names():
     func = module.add_function(Function("main/x", [t(2, 3), t(3, dtype=F32)], ["input-ids", "0"]))
     func.attrs = {"precision": "fp16"}
     x, y = func.args
-    x.quant = {"scale": 0.5, "zero_point": 0, "dtype": "i8"}
     add = func.append(OP_REGISTRY["mcp.add"]([x, y], loc='/blocks.0/Add "a"'))
-    add.quant = {"scale_a": [0.25, 0.5], "group": 32}
     cmp = func.append(OP_REGISTRY["mcp.less"]([x, y]))
-    cmp.result.quant = None
-    add.result.quant = {"scale": 2.0}
     func.append(ReturnOp([add.result, cmp.result]))
     func.result_names = ["out put", 'q"uote']
     text = roundtrip(module)
     assert '@"model-v1.0"' in text and '%"input-ids"' in text and '%"0"' in text
-    assert "result_quant [{scale = 2.0}]" in text
     parsed = parse_module(text)
     assert math.isnan(parsed.attrs["nan"]) and parsed.attrs["inf"] == math.inf
     assert math.copysign(1.0, parsed.attrs["negzero"]) == -1.0
@@ -142,7 +156,6 @@ def test_attributes_of_every_kind_quant_and_quoted_names():
     np.testing.assert_array_equal(parsed.attrs["tensor"], every_kind["tensor"])
     pf = parsed.functions["main/x"]
     assert pf.arg_names == ["input-ids", "0"] and pf.result_names == ["out put", 'q"uote']
-    assert pf.args[0].quant == x.quant and pf.ops[0].quant == add.quant
     assert pf.ops[0].loc == add.loc
 
 
@@ -177,3 +190,17 @@ def test_dense_of_every_dtype(dtype):
         assert got.dtype == want.dtype and got.shape == want.shape
         # compare bit patterns so nan and -0.0 count
         assert got.tobytes() == want.tobytes()
+
+
+def test_sub_byte_hex_is_packed_low_nibble_first():
+    w = np.array([1, -2, 7, -8, 0, 3, 5, -1, 2], dtype=I4.np_dtype)  # 9 elements: 5 bytes
+    module = Module("d")
+    func = module.add_function(Function("main", [], []))
+    c = func.append(ConstantOp([], {"value": w}))
+    func.append(ReturnOp([c.result]))
+    func.result_names = ["w"]
+    text = roundtrip(module)
+    assert 'dense<"0xE18730F502"> : tensor<9xi4>' in text
+    assert np.array_equal(parse_module(text).main.ops[0].attrs["value"], w)
+    with pytest.raises(Exception, match="dense payload has 9 bytes, tensor<9xi4> needs 5"):
+        parse_module(text.replace("0xE18730F502", "0x" + "01" * 9))

@@ -141,3 +141,67 @@ def test_passes_preserve_example_semantics(pipeline):
     ref = interpret(dec, {"x": x})["y"]
     out = PassManager(build_pipeline(pipeline)).run(dec)
     assert norm_max_err(interpret(out, {"x": x})["y"], ref) == 0.0
+
+
+# -- weights read transposed, stored once ------------------------------------------------------------
+def _tied(head: str):
+    """A tied table ``w`` [16, 8]: gathered, and read by the head matmul as ``head`` says:
+    ``transpose`` (``mcp.transpose`` of w), ``twin`` (a second constant holding w transposed),
+    ``other`` (the transpose feeds an add, not a matmul)."""
+    from mcpc.ir import Function, Module, TensorType
+    from mcpc.ir.dtypes import F32, I32
+    from mcpc.ir.ops import AddOp, ConstantOp, GatherOp, MatMulOp, ReturnOp, TransposeOp
+
+    w = np.random.default_rng(3).standard_normal((16, 8)).astype(np.float32)
+    f = Function("main", [TensorType((4,), I32), TensorType((4, 8), F32)], ["ids", "x"])
+    table = f.append(ConstantOp([], {"value": w}, loc="table")).result
+    emb = f.append(GatherOp([table, f.args[0]], {"axis": 0})).result
+    if head == "twin":
+        w_t = f.append(ConstantOp([], {"value": np.ascontiguousarray(w.T)}, loc="head_w")).result
+    else:
+        w_t = f.append(TransposeOp([table], {"perm": [1, 0]})).result
+    if head == "other":
+        out = f.append(AddOp([w_t, w_t])).result
+    else:
+        out = f.append(MatMulOp([f.append(AddOp([emb, f.args[1]])).result, w_t])).result
+    f.append(ReturnOp([out]))
+    f.result_names = ["y"]
+    m = Module("tied")
+    m.add_function(f)
+    m.verify()
+    feeds = {"ids": np.array([1, 5, 0, 15], np.int32), "x": np.ones((4, 8), np.float32)}
+    return m, feeds
+
+
+@pytest.mark.parametrize("head", ["transpose", "twin"])
+def test_matmul_reads_a_transposed_weight_in_place(head):
+    m, feeds = _tied(head)
+    want = interpret(m, feeds)["y"]
+    m = PassManager(build_pipeline("fold-constants,dce")).run(m, PassContext())
+    ops = m.main.ops
+    (const,) = [op for op in ops if op.name == "mcp.constant"]  # the table alone, once
+    (mm,) = [op for op in ops if op.name == "mcp.matmul"]
+    assert mm.attrs["trans_b"] and mm.operands[1] is const.result
+    assert not any(op.name == "mcp.transpose" for op in ops)
+    got = interpret(m, feeds)["y"]
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))  # the same bits
+
+
+def test_a_transpose_of_a_weight_used_elsewhere_is_not_folded_into_a_copy():
+    m, feeds = _tied("other")
+    want = interpret(m, feeds)["y"]
+    m = PassManager(build_pipeline("fold-constants{max-elements=0},dce")).run(m, PassContext())
+    assert [op.name for op in m.main.ops].count("mcp.constant") == 1
+    assert any(op.name == "mcp.transpose" for op in m.main.ops)  # computed at run time
+    np.testing.assert_array_equal(interpret(m, feeds)["y"], want)
+
+
+def test_dedupe_confirms_bytes_on_a_hash_match(monkeypatch):
+    from mcpc.passes import fold_constants
+
+    monkeypatch.setattr(fold_constants, "_key", lambda value: ("same",))
+    out = run(FOLDABLE, "fold-constants,dce")
+    module = parse_module(out)
+    x = np.array([0.5, -1.0], np.float32)
+    want = x - np.array([3, 8], np.float32) - np.array([1, 2], np.float32)
+    np.testing.assert_array_equal(interpret(module, {"x": x})["y"], want)
