@@ -22,7 +22,7 @@ from mcpc.backend.lower_matmul import epilogue_sram_bytes, matmul_kernel
 from mcpc.backend.lowering import LoweringContext, load_lowerings, lowering_for
 from mcpc.backend.memory import ALIAS_OPS, plan_dram
 from mcpc.backend.schedule import Kernel, schedule_with_debug
-from mcpc.errors import PassError, UnsupportedError
+from mcpc.errors import DoesNotFit, PassError, UnsupportedError, does_not_fit
 from mcpc.ir.ops import ConstantOp, MatMulOp, ReturnOp
 
 # Default check tolerances per build precision, used when the options give none (``mcpc check``
@@ -130,9 +130,13 @@ def compile_to_program(
     positions = {op: i for f in fusion.values() for op, i in f.positions.items()}
     plan = plan_dram(module, positions)
     if plan.size > target.dram.size_bytes:
-        raise PassError(
-            f"backend: the program needs {plan.size} bytes of DRAM, target {target.name} has "
-            f"{target.dram.size_bytes}"
+        raise does_not_fit(
+            "the program (weights, inputs, outputs and intermediates)",
+            plan.size,
+            target.dram.size_bytes,
+            "DRAM",
+            "dram.size_bytes",
+            f"target {target.name}",
         )
     em = Emitter(target)
     prefetch = opts.prefetch
@@ -219,7 +223,7 @@ def _lower_op(op: Any, lower: Any, ctx: LoweringContext, prefetch: bool, kernels
             prev = next((k for k in reversed(kernels) if any(k.steps)), None)
             got = _lower_in_region(op, lower, ctx, prefetch, prev)
         except PassError as exc:
-            if exc.message.startswith("backend:"):
+            if exc.message.startswith("backend:") or isinstance(exc, DoesNotFit):
                 raise
             raise PassError(f"backend: {op.describe()}: {exc.message}") from None
     for k in [got] if isinstance(got, Kernel) else list(got or []):

@@ -159,6 +159,20 @@ def inspect_command(program):
     )
 
 
+@click.command("inspect-model", cls=GuardedCommand)
+@click.argument("model", type=click.Path(path_type=Path, dir_okay=False), metavar="MODEL.onnx")
+@click.option("--json", "as_json", is_flag=True, help="Print the description as JSON.")
+def inspect_model_command(model, as_json):
+    """Describe MODEL before compiling: inputs and outputs (dtypes, symbolic dims), opset, op
+    histogram with what mcpc supports, initializer bytes and the --dim line to bind its dims."""
+    import json
+
+    from mcpc.inspect_model import describe_model, format_model
+
+    info = describe_model(model)
+    click.echo(json.dumps(info, indent=2) if as_json else format_model(info), nl=as_json)
+
+
 @click.command("conformance", cls=GuardedCommand)
 @click.option("--ops", help="Comma-separated op types: only tests using one of them.")
 @click.option("--test", "tests", multiple=True, help="Run only this test (repeatable).")

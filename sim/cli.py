@@ -53,6 +53,21 @@ class _Guarded(click.Command):
             raise click.exceptions.Exit(err.exit_code) from None
 
 
+def _require_no_inputs(loaded, entry: str, program: Path) -> None:
+    """UsageError when ``entry`` takes inputs but neither --inputs nor --random-inputs was given."""
+    io = loaded.io.get(entry, {}) if isinstance(loaded.io, dict) else {}
+    needed = [b for b in io.get("inputs", []) if isinstance(b, dict)]
+    if needed:
+        listed = ", ".join(
+            f"{b.get('name')} ({b.get('dtype')} {'x'.join(map(str, b.get('shape', []))) or 'scalar'})"
+            for b in needed
+        )
+        raise UsageError(
+            f"{program}: entry {entry!r} takes inputs {listed}: give them with --inputs IN.npz (one array "
+            "per input name), or simulate on generated values with --random-inputs [--seed N]"
+        )
+
+
 @click.group("sim")
 def sim_group():
     """Run compiled .mcpb programs on the MCP 2026 simulator."""
@@ -101,6 +116,7 @@ def run_command(program, inputs_path, random_inputs, seed, outputs_path, profile
         inputs = make_random(loaded, entry, seed)
     else:
         inputs = {}
+        _require_no_inputs(loaded, entry, program)
     result = run_program(loaded, inputs, entry=entry, trace=trace_path is not None)
     if outputs_path:
         write_atomic(outputs_path, _npz_bytes(result.outputs))
