@@ -24,7 +24,7 @@ from mcpc.arch.isa import Instr
 from mcpc.arch.numerics import NUMPY_DTYPES, binary, cast, matmul_tile, row_reduce, select, unary
 
 from .decode import Decoded
-from .machine import PACKED, Fault, Machine, dram_rows, nbytes, pack4, sram_extent, unpack4, view
+from .machine import PACKED, Fault, Machine, dram_check, dram_rows, nbytes, pack4, sram_extent, unpack4, view
 
 Handler = Callable[[Machine, tuple], None]
 _U8 = np.dtype(np.uint8)
@@ -138,6 +138,24 @@ def _transpose(m: Machine, a: tuple) -> None:
     S, D = a
     s = m.sram
     view(s, *D[:6])[...] = np.array(view(s, *S[:6]).T, copy=True)
+
+
+def _dma_check(m: Machine, a: tuple) -> None:
+    """Timing-only twin of load/store: the DRAM address check alone (the register offset is data
+    independent: only ``setr`` writes registers)."""
+    dram_check(m, a[0] + m.regs[a[1]], a[2], a[3], a[4])
+
+
+_TIMING_TWINS = {_load: _dma_check, _store: _dma_check, _setr: _setr, _trap: _trap}
+
+
+def timing_twin(fn: Handler) -> Handler:
+    """The handler a timing-only run executes instead of ``fn``: register writes, static traps and
+    DMA address checks stay, every value computation becomes a no-op.  Cycles do not depend on
+    values (instr_cost is static), so the run's issue and completion times are unchanged; traps
+    that depend on data (a gather index out of range, an integer to a negative power) are not
+    detected."""
+    return _TIMING_TWINS.get(fn, _nop)
 
 
 # -- compilation -------------------------------------------------------------------------------

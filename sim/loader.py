@@ -23,7 +23,7 @@ from mcpc.arch.target import Target
 from mcpc.errors import InputError, McpcError
 
 from .decode import fast_decode
-from .execute import compile_instr, illegal
+from .execute import compile_instr, illegal, timing_twin
 from .timing import instr_cost
 
 NO_NODE = "<unattributed>"
@@ -61,6 +61,13 @@ class LoadedProgram:
     ir_op_of: np.ndarray
     ir_ops: list[str]
     const_places: list[tuple[int, int, int]] = field(default_factory=list)  # (dram, cnst offset, bytes)
+    _timing_recs: list[tuple] | None = field(default=None, repr=False)
+
+    def timing_recs(self) -> list[tuple]:
+        """``recs`` with every handler replaced by its timing-only twin (built on first use)."""
+        if self._timing_recs is None:
+            self._timing_recs = [r[:3] + (timing_twin(r[3]),) + r[4:] for r in self.recs]
+        return self._timing_recs
 
     @property
     def meta(self) -> dict:
