@@ -19,6 +19,7 @@ from mcpc.arch.isa import ENGINES
 from mcpc.arch.numerics import NUMPY_DTYPES
 from mcpc.errors import InputError, SimTrap
 
+from . import fastpath
 from .loader import LoadedProgram, from_program, load_program
 from .machine import PACKED, Machine, nbytes, pack4, unpack4
 from .profile import build_profile, trace_events
@@ -132,25 +133,33 @@ def run_program(
     order, io = _bindings(program, entry)
     src = program.source
     t = program.target
-    m = Machine(program.dram_size, t.sram.size_bytes)
-    if not timing_only:
-        consts = np.frombuffer(program.program.constants, dtype=np.uint8)
-        for dram, offset, length in program.const_places:
-            m.dram[dram : dram + length] = consts[offset : offset + length]
     in_bindings = io.get("inputs", [])
     missing = [b["name"] for b in in_bindings if b["name"] not in inputs]
     if missing:
         names = ", ".join(b["name"] for b in in_bindings)
         raise InputError(f"inputs are missing {', '.join(missing)} (entry {entry!r} needs {names})")
+    writes = []
     for b in in_bindings:
         dt, shape = _dtype(b, src), _shape(b, src)
         arr = _coerce(b["name"], inputs[b["name"]], dt, shape, b["dtype"])
         _check_range(b, arr)
         raw = pack4(arr.reshape(-1)) if b["dtype"] in PACKED else arr.view(np.uint8).reshape(-1)
-        addr = _check_region(b, raw.size, m.dram_size, src)
-        if not timing_only:
+        writes.append((_check_region(b, raw.size, program.dram_size, src), raw))
+    if timing_only:
+        m, recs = Machine(program.dram_size, t.sram.size_bytes), program.timing_recs()
+    else:
+        plan = fastpath.plan(program, entry, order, [(a, a + raw.size) for a, raw in writes])
+        if plan is None:  # a fresh machine: the constants copied in, everything else zero
+            m, recs = Machine(program.dram_size, t.sram.size_bytes), program.recs
+            consts = np.frombuffer(program.program.constants, dtype=np.uint8)
+            for dram, offset, length in program.const_places:
+                m.dram[dram : dram + length] = consts[offset : offset + length]
+        else:  # the program's machine, restored to the same state
+            m, recs = fastpath.machine_for_run(program, plan), plan.recs
+            for addr, raw in writes:
+                fastpath.wrote(program, addr, addr + raw.size)
+        for addr, raw in writes:
             m.dram[addr : addr + raw.size] = raw
-    recs = program.timing_recs() if timing_only else program.recs
     try:
         issue, done, stall, tokens_left = simulate(recs, order, m)
     except Faulted as exc:

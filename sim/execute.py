@@ -21,7 +21,18 @@ from typing import Any
 import numpy as np
 
 from mcpc.arch.isa import Instr
-from mcpc.arch.numerics import NUMPY_DTYPES, binary, cast, matmul_tile, row_reduce, select, unary
+from mcpc.arch.numerics import (
+    NUMPY_DTYPES,
+    binary,
+    cast,
+    matmul_in_f64,
+    matmul_prepared,
+    matmul_tile,
+    row_reduce,
+    select,
+    tile_operand,
+    unary,
+)
 
 from .decode import Decoded
 from .machine import PACKED, Fault, Machine, dram_check, dram_rows, nbytes, pack4, sram_extent, unpack4, view
@@ -99,6 +110,37 @@ def _matmul(m: Machine, a: tuple) -> None:
     c[...] = (c + part) if acc else part  # f32 accumulation, exactly numerics.matmul_2d's `c += part`
 
 
+def _matmul_cached(m: Machine, a: tuple) -> None:
+    """``_matmul`` whose operands may come from a slot shared across runs (``sim/fastpath.py``): a
+    slot ``[value]`` is given only for an operand that holds the same constant bytes in every run,
+    so its prepared (widened, contiguous) tile is computed once; ``value`` None = not yet."""
+    A, B, C, trans_b, acc, in_f64, slot_a, slot_b = a
+    s = m.sram
+    wa = slot_a[0] if slot_a is not None else None
+    if wa is None:
+        wa = _prepared(tile_operand(_get(s, A), in_f64), slot_a, s)
+    wb = slot_b[0] if slot_b is not None else None
+    if wb is None:
+        b = _get(s, B)
+        wb = _prepared(tile_operand(b.T if trans_b else b, in_f64), slot_b, s)
+    part = matmul_prepared(wa, wb, in_f64)
+    c = view(s, *C[:6])
+    c[...] = (c + part) if acc else part
+
+
+def _prepared(w: np.ndarray, slot: list | None, s: np.ndarray) -> np.ndarray:
+    # Keep only a fresh array: an f32 contiguous operand is a view of SRAM (nothing to save there).
+    if slot is not None and not np.may_share_memory(w, s):
+        slot[0] = w
+    return w
+
+
+def cached_matmul(args: tuple, slot_a: list | None, slot_b: list | None) -> tuple[Handler, tuple]:
+    """``(handler, args)`` of a matmul (``args`` as ``compile_instr`` made them) with operand slots."""
+    A, B, C, trans_b, acc = args
+    return _matmul_cached, (A, B, C, trans_b, acc, matmul_in_f64(A[5], B[5], A[2]), slot_a, slot_b)
+
+
 def _vbin(m: Machine, a: tuple) -> None:
     func, S0, S1, D, out = a
     s = m.sram
@@ -146,6 +188,9 @@ def _dma_check(m: Machine, a: tuple) -> None:
     dram_check(m, a[0] + m.regs[a[1]], a[2], a[3], a[4])
 
 
+# Which argument of each compute handler is its (SRAM) destination operand.
+DESTINATION = {_matmul: 2, _vbin: 3, _vbini: 4, _vun: 2, _vred: 2, _vsel: 2, _fill0: 0, _transpose: 1}
+LOAD, STORE, GATHER, MATMUL, SETR, TRAP, NOP = _load, _store, _gather, _matmul, _setr, _trap, _nop
 _TIMING_TWINS = {_load: _dma_check, _store: _dma_check, _setr: _setr, _trap: _trap}
 
 

@@ -62,6 +62,7 @@ class LoadedProgram:
     ir_ops: list[str]
     const_places: list[tuple[int, int, int]] = field(default_factory=list)  # (dram, cnst offset, bytes)
     _timing_recs: list[tuple] | None = field(default=None, repr=False)
+    _fast: object = field(default=None, repr=False)  # sim/fastpath.State, made on the first run
 
     def timing_recs(self) -> list[tuple]:
         """``recs`` with every handler replaced by its timing-only twin (built on first use)."""
