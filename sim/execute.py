@@ -129,9 +129,8 @@ def _matmul_cached(m: Machine, a: tuple) -> None:
 
 
 def _prepared(w: np.ndarray, slot: list | None, s: np.ndarray) -> np.ndarray:
-    # Keep only a fresh array: an f32 contiguous operand is a view of SRAM (nothing to save there).
-    if slot is not None and not np.may_share_memory(w, s):
-        slot[0] = w
+    if slot is not None:  # a copy when it is a view of SRAM (an f32 contiguous operand)
+        slot[0] = w.copy() if np.may_share_memory(w, s) else w
     return w
 
 
@@ -188,8 +187,11 @@ def _dma_check(m: Machine, a: tuple) -> None:
     dram_check(m, a[0] + m.regs[a[1]], a[2], a[3], a[4])
 
 
-# Which argument of each compute handler is its (SRAM) destination operand.
+# Which argument of each compute handler is its (SRAM) destination operand, which ones it reads
+# (matmul also reads C when accumulating; vsel keeps D where the condition is false).
 DESTINATION = {_matmul: 2, _vbin: 3, _vbini: 4, _vun: 2, _vred: 2, _vsel: 2, _fill0: 0, _transpose: 1}
+SOURCES = {_matmul: (0, 1), _vbin: (1, 2), _vbini: (1,), _vun: (1,), _vred: (1,), _vsel: (0, 1, 2)}
+SOURCES.update({_fill0: (), _transpose: (0,)})
 LOAD, STORE, GATHER, MATMUL, SETR, TRAP, NOP = _load, _store, _gather, _matmul, _setr, _trap, _nop
 _TIMING_TWINS = {_load: _dma_check, _store: _dma_check, _setr: _setr, _trap: _trap}
 

@@ -14,7 +14,8 @@ it (-1 when anything else did), and derives:
 * for each matmul operand made only of bytes that constant loads wrote: every run sees the same
   bytes there, so its prepared tile (``numerics.tile_operand``) is computed on first use and kept
   in a slot — shared by every matmul reading the same operand written by one same load.  It is
-  the very array ``matmul_tile`` would build, so the bits do not change.
+  the very array ``matmul_tile`` would build, so the bits do not change.  Once every slot is
+  filled, constant loads whose bytes nothing but slots reads are skipped (their cost stays).
 
 ``plan`` returns None — the run then builds a fresh machine as before (always correct, slower) —
 for an instruction whose handler the analysis does not know, a store that can reach a constant
@@ -41,12 +42,20 @@ class _Unsupported(Exception):
 
 
 class Plan:
-    """The functional records of one entry, the DRAM ranges its stores can write, its SRAM peak."""
+    """The functional records of one entry (``lean``: without the loads only slots read, valid once
+    every slot is filled), the DRAM ranges its stores can write, its SRAM peak."""
 
-    __slots__ = ("recs", "dirty", "sram_hi")
+    __slots__ = ("full", "lean", "slots", "dirty", "sram_hi", "ready")
 
-    def __init__(self, recs: list[tuple], dirty: list[tuple[int, int]], sram_hi: int):
-        self.recs, self.dirty, self.sram_hi = recs, dirty, sram_hi
+    def __init__(self, full: list, lean: list, slots: list, dirty: list[tuple[int, int]], sram_hi: int):
+        self.full, self.lean, self.slots, self.dirty, self.sram_hi = full, lean, slots, dirty, sram_hi
+        self.ready = False
+
+    @property
+    def recs(self) -> list[tuple]:
+        if not self.ready:
+            self.ready = all(s[0] is not None for s in self.slots)
+        return self.lean if self.ready else self.full
 
 
 class State:
@@ -177,6 +186,12 @@ def _replay(program: Any, st: State, order: range) -> Plan:
     wid = np.full(max(peak, 1), -1, dtype=_I32)
     stores: list[tuple[int, int]] = []
     keys: dict[int, tuple] = {}
+    const_loads: set[int] = set()
+    needed: set[int] = set()  # constant loads whose bytes something other than a slot reads
+
+    def read(v: np.ndarray) -> None:
+        if v.size and int(v.max()) >= 0:
+            needed.update(np.unique(v[v >= 0]).tolist())
 
     def step(m: Machine, x: tuple) -> None:
         idx, fn, a = x
@@ -189,26 +204,34 @@ def _replay(program: Any, st: State, order: range) -> Plan:
             lo = dram + m.regs[reg]
             dram_check(m, lo, rows, row_bytes, dram_stride)
             hi = lo + (rows - 1) * dram_stride + row_bytes
+            sram_side = np.ndarray((rows, row_bytes), _I32, wid, sram * 4, (sram_stride * 4, 4))
             if fn is ex.STORE:
                 if st.overlaps_const(lo, hi):
                     raise _Unsupported
                 stores.append((lo, hi))
-                return
-            dst = np.ndarray((rows, row_bytes), _I32, wid, sram * 4, (sram_stride * 4, 4))
-            dst[...] = idx if st.in_const(lo, hi) else -1
+                read(sram_side)
+            elif st.in_const(lo, hi):
+                sram_side[...] = idx
+                const_loads.add(idx)
+            else:
+                sram_side[...] = -1
         elif fn is ex.GATHER:
-            _, _, count, row_bytes, _, sram, sram_stride, _ = a
+            _, idx_addr, count, row_bytes, _, sram, sram_stride, _ = a
+            read(np.ndarray((count, 4), _I32, wid, idx_addr * 4, (16, 4)))
             np.ndarray((count, row_bytes), _I32, wid, sram * 4, (sram_stride * 4, 4))[...] = -1
         else:
-            d = ex.DESTINATION.get(fn)
-            if d is None:
+            d, sources = ex.DESTINATION.get(fn), ex.SOURCES.get(fn)
+            if d is None or sources is None:
                 raise _Unsupported  # a handler this analysis does not know
             if fn is ex.MATMUL:
-                A, B, _, trans_b, _ = a
+                A, B, C, trans_b, acc = a
                 f64 = ex.matmul_in_f64(A[5], B[5], A[2])
                 ka, kb = _key(wid, A, ("A", False, f64), idx), _key(wid, B, ("B", trans_b, f64), idx)
                 if ka is not None or kb is not None:
                     keys[idx] = (ka, kb)
+                sources = [k for k, key in ((0, ka), (1, kb)) if key is None] + ([2] if acc else [])
+            for k in sources:
+                read(_bytes_of(wid, a[k]))
             _bytes_of(wid, a[d])[...] = -1
 
     recs = program.recs
@@ -221,9 +244,15 @@ def _replay(program: Any, st: State, order: range) -> Plan:
     except Fault:  # pragma: no cover - simulate turns faults into Faulted
         raise _Unsupported from None
     out = list(recs)
+    slots = []
     for idx, (ka, kb) in keys.items():
         slot_a = st.slots.setdefault(ka, [None]) if ka is not None else None
         slot_b = st.slots.setdefault(kb, [None]) if kb is not None else None
+        slots += [s for s in (slot_a, slot_b) if s is not None]
         fn, args = ex.cached_matmul(recs[idx][4], slot_a, slot_b)
         out[idx] = recs[idx][:3] + (fn, args) + recs[idx][5:]
-    return Plan(out, _merge(stores), peak)
+    # once every slot holds its tile, a constant load whose bytes only slots read has no effect
+    lean = list(out)
+    for idx in const_loads - needed:
+        lean[idx] = recs[idx][:3] + (ex.NOP, ()) + recs[idx][5:]
+    return Plan(out, lean, slots, _merge(stores), peak)
