@@ -3,9 +3,9 @@ and constant matmul operands prepared (widened to f32, made contiguous) once per
 
 Everything but the values is static: the order in which an entry's instructions execute (costs
 are static), the DRAM addresses of its DMAs (registers are written only by ``setr`` immediates)
-and the SRAM operands of every instruction are the same in every run.  ``plan`` replays that
-order once without values, tracking for every SRAM byte the ``load`` of constant bytes that wrote
-it (-1 when anything else did), and derives:
+and the SRAM operands of every instruction are the same in every run.  On an entry's second run
+``plan`` replays that order once without values, tracking for every SRAM byte the ``load`` of
+constant bytes that wrote it (-1 when anything else did), and derives:
 
 * the DRAM byte ranges the entry's stores can write: before the next run they are restored to
   their initial content (zeros, or the constants), with the input regions the run wrote, and
@@ -70,6 +70,7 @@ class State:
         self.dirty: list[tuple[int, int]] = []
         self.sram_hi = 0
         self.plans: dict[str, Plan | None] = {}
+        self.seen: set[str] = set()
         self.slots: dict[tuple, list] = {}
 
     def overlaps_const(self, lo: int, hi: int) -> bool:
@@ -133,8 +134,13 @@ def wrote(program: Any, lo: int, hi: int) -> None:
 
 
 def plan(program: Any, entry: str, order: range, input_ranges: list[tuple[int, int]]) -> Plan | None:
-    """The entry's plan (computed on its first run, then kept), or None (see the module docstring)."""
+    """The entry's plan, or None: on the entry's first run (which runs on a fresh machine as
+    before), and when the analysis cannot account for the program (module docstring).  The plan
+    is computed on the second run and kept."""
     st = state(program)
+    if entry not in st.seen:  # a program run once (mcpc sim run) pays nothing for the analysis
+        st.seen.add(entry)
+        return None
     if entry not in st.plans:
         try:
             if any(st.overlaps_const(lo, hi) for lo, hi in input_ranges):
