@@ -193,7 +193,8 @@ DESTINATION = {_matmul: 2, _vbin: 3, _vbini: 4, _vun: 2, _vred: 2, _vsel: 2, _fi
 SOURCES = {_matmul: (0, 1), _vbin: (1, 2), _vbini: (1,), _vun: (1,), _vred: (1,), _vsel: (0, 1, 2)}
 SOURCES.update({_fill0: (), _transpose: (0,)})
 LOAD, STORE, GATHER, MATMUL, SETR, TRAP, NOP = _load, _store, _gather, _matmul, _setr, _trap, _nop
-_TIMING_TWINS = {_load: _dma_check, _store: _dma_check, _setr: _setr, _trap: _trap}
+_TIMING_TWINS = {_load: _dma_check, _store: _dma_check, _setr: _setr, _trap: _trap, _nop: _nop}
+_TIMING_TWINS.update(dict.fromkeys((_gather, _matmul, _matmul_cached, *DESTINATION), _nop))
 
 
 def timing_twin(fn: Handler) -> Handler:
@@ -201,8 +202,8 @@ def timing_twin(fn: Handler) -> Handler:
     DMA address checks stay, every value computation becomes a no-op.  Cycles do not depend on
     values (instr_cost is static), so the run's issue and completion times are unchanged; traps
     that depend on data (a gather index out of range, an integer to a negative power) are not
-    detected."""
-    return _TIMING_TWINS.get(fn, _nop)
+    detected.  A handler not listed here runs as itself (it may write registers)."""
+    return _TIMING_TWINS.get(fn, fn)
 
 
 # -- compilation -------------------------------------------------------------------------------
