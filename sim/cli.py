@@ -99,7 +99,15 @@ def sim_group():
     help="Write a Chrome/Perfetto trace-event JSON (one track per engine).",
 )
 @click.option("--entry", default="main", show_default=True, help="Entry point to run.")
-def run_command(program, inputs_path, random_inputs, seed, outputs_path, profile_json, trace_path, entry):
+@click.option(
+    "--timing-only",
+    is_flag=True,
+    help="Cycles, profile and trace without computing values (no --outputs; data-dependent traps "
+    "such as a gather index out of range are not detected).",
+)
+def run_command(
+    program, inputs_path, random_inputs, seed, outputs_path, profile_json, trace_path, entry, timing_only
+):
     """Simulate PROGRAM (.mcpb) and print cycles, latency, traffic, utilisation and top nodes."""
     from rich.console import Console
 
@@ -109,6 +117,8 @@ def run_command(program, inputs_path, random_inputs, seed, outputs_path, profile
 
     if inputs_path and random_inputs:
         raise UsageError("give either --inputs or --random-inputs, not both")
+    if timing_only and outputs_path:
+        raise UsageError("--outputs needs the values: a --timing-only run computes none")
     loaded = load_program(program)
     if inputs_path:
         inputs = read_npz(inputs_path)
@@ -117,7 +127,7 @@ def run_command(program, inputs_path, random_inputs, seed, outputs_path, profile
     else:
         inputs = {}
         _require_no_inputs(loaded, entry, program)
-    result = run_program(loaded, inputs, entry=entry, trace=trace_path is not None)
+    result = run_program(loaded, inputs, entry=entry, trace=trace_path is not None, timing_only=timing_only)
     if outputs_path:
         write_atomic(outputs_path, _npz_bytes(result.outputs))
     if profile_json:

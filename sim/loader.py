@@ -25,7 +25,7 @@ from mcpc.arch.target import Target
 from mcpc.errors import InputError, McpcError
 
 from .decode import fast_decode
-from .execute import compile_instr, illegal
+from .execute import compile_instr, illegal, timing_twin
 from .machine import nbytes
 from .timing import instr_cost
 
@@ -64,6 +64,14 @@ class LoadedProgram:
     ir_op_of: np.ndarray
     ir_ops: list[str]
     const_places: list[tuple[int, int, int]] = field(default_factory=list)  # (dram, cnst offset, bytes)
+    _timing_recs: list[tuple] | None = field(default=None, repr=False)
+    _fast: object = field(default=None, repr=False)  # sim/fastpath.State, made on the first run
+
+    def timing_recs(self) -> list[tuple]:
+        """``recs`` with every handler replaced by its timing-only twin (built on first use)."""
+        if self._timing_recs is None:
+            self._timing_recs = [r[:3] + (timing_twin(r[3]),) + r[4:] for r in self.recs]
+        return self._timing_recs
 
     @property
     def meta(self) -> dict:
