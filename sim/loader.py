@@ -253,7 +253,10 @@ def _check_memory_map(p: LoadedProgram) -> list[tuple[int, int, int]]:
             f"{p.target.dram.size_bytes}"
         )
     places, offset = [], 0
-    for region in mm.get("regions") or []:
+    regions = mm.get("regions") or []
+    if not isinstance(regions, list):
+        raise InputError(f"{src}: memory map regions must be a list, not {regions!r}")
+    for region in regions:
         ok = isinstance(region, dict) and all(isinstance(region.get(k), int) for k in ("dram", "bytes"))
         if not ok or region["dram"] < 0 or region["bytes"] < 0 or region["dram"] + region["bytes"] > size:
             raise InputError(f"{src}: memory map region {region!r} lies outside DRAM of {size} bytes")
