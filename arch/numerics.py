@@ -208,9 +208,48 @@ def row_reduce(func: str, x2d: np.ndarray, out: str) -> np.ndarray:
 
 
 # -- matmul --------------------------------------------------------------------------------------
+# Largest |value| of each integer storage dtype (bounds the products of an integer matmul).
+_INT_MAGNITUDE = {
+    NUMPY_DTYPES["i4"]: 8,
+    NUMPY_DTYPES["u4"]: 15,
+    np.dtype(np.int8): 128,
+    np.dtype(np.uint8): 255,
+    np.dtype(np.int32): 2**31,
+    np.dtype(np.int64): 2**63,
+}
+
+
+def matmul_in_f64(a_dtype: np.dtype, b_dtype: np.dtype, k: int) -> bool:
+    """Whether an integer (m, k) x (k, n) tile product is computed exactly on float64 BLAS.
+
+    Every product and partial sum is an integer of magnitude at most k·max|a|·max|b|; when that
+    bound is below 2**53 each such integer is a float64, so no step rounds, in whatever order
+    BLAS sums.  Otherwise (and for bool or float operands) the product is computed as before.
+    """
+    ma, mb = _INT_MAGNITUDE.get(a_dtype), _INT_MAGNITUDE.get(b_dtype)
+    return ma is not None and mb is not None and k * ma * mb < 2**53
+
+
+def tile_operand(x: np.ndarray, in_f64: bool) -> np.ndarray:
+    """A matmul operand as ``matmul_tile`` multiplies it: C-contiguous, in f64 when ``in_f64``
+    (``matmul_in_f64``), else in its compute dtype."""
+    if in_f64:
+        return np.ascontiguousarray(x, dtype=np.float64)
+    return np.ascontiguousarray(widen(x))
+
+
+def matmul_prepared(wa: np.ndarray, wb: np.ndarray, in_f64: bool) -> np.ndarray:
+    """``matmul_tile`` on operands already passed through ``tile_operand``."""
+    if in_f64:
+        return np.matmul(wa, wb).astype(np.int64)  # exact integers below 2**53
+    return np.matmul(wa, wb)
+
+
 def matmul_tile(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """f32 product of one (m, k) tile and one (k, n) tile, computed on exactly these shapes."""
-    return np.matmul(np.ascontiguousarray(widen(a)), np.ascontiguousarray(widen(b)))
+    """f32 product of one (m, k) tile and one (k, n) tile, computed on exactly these shapes
+    (i64 for integer tiles)."""
+    in_f64 = matmul_in_f64(a.dtype, b.dtype, a.shape[-1])
+    return matmul_prepared(tile_operand(a, in_f64), tile_operand(b, in_f64), in_f64)
 
 
 def matmul_2d(a: np.ndarray, b: np.ndarray, tile: tuple[int, int, int] | None = None) -> np.ndarray:

@@ -36,6 +36,10 @@ _LANE_FALLBACK = {
     "f8e4m3fn": ("f16", 1.0),
 }
 _REQUIRED_LANES = ("f32", "f16", "bf16", "i32")
+# What the instruction set can address (isa_table: DMA `dram u40`, SRAM operands u32): a target with
+# more would compile programs whose addresses do not encode.
+DRAM_ADDRESS_BYTES = 1 << 40
+SRAM_ADDRESS_BYTES = 1 << 32
 
 
 def _check_dtype_rates(value: dict[str, int]) -> dict[str, int]:
@@ -82,14 +86,14 @@ class VectorSpec(_Strict):
 class SramSpec(_Strict):
     """The on-chip scratchpad shared by all operands."""
 
-    size_bytes: int = Field(gt=0)
+    size_bytes: int = Field(gt=0, le=SRAM_ADDRESS_BYTES)
     bank_bytes: int = Field(gt=0)
 
 
 class DramSpec(_Strict):
     """Off-chip memory: one channel shared by the load and store engines."""
 
-    size_bytes: int = Field(gt=0)
+    size_bytes: int = Field(gt=0, le=DRAM_ADDRESS_BYTES)
     bandwidth_gbps: float = Field(gt=0)
     latency_ns: float = Field(ge=0)
 

@@ -22,14 +22,16 @@ from mcpc.backend.lower_matmul import epilogue_sram_bytes, matmul_kernel
 from mcpc.backend.lowering import LoweringContext, load_lowerings, lowering_for
 from mcpc.backend.memory import ALIAS_OPS, plan_dram
 from mcpc.backend.schedule import Kernel, schedule_with_debug
-from mcpc.errors import PassError, UnsupportedError
+from mcpc.errors import DoesNotFit, PassError, UnsupportedError, does_not_fit
 from mcpc.ir.ops import ConstantOp, MatMulOp, ReturnOp
 
-# Default check tolerances per build precision (``mcpc check`` reads them from META).
+# Default check tolerances per build precision, used when the options give none (``mcpc check``
+# reads them from META; the shipped QAT configs' ``check:`` sections carry the same values).
 TOLERANCES: dict[str, dict[str, float]] = {
-    "fp32": {"rtol": 1e-4, "atol": 1e-5},
-    "fp16": {"rtol": 2e-2, "atol": 1e-2},
+    "fp32": {"max_norm_err": 1e-4, "min_cosine": 0.99999, "min_top1": 0.99},
+    "fp16": {"max_norm_err": 5e-2, "min_cosine": 0.999, "min_top1": 0.99},
 }
+CHECK_KEYS = ("max_norm_err", "min_cosine", "min_top1", "rtol", "atol")
 _NO_CODE = (ConstantOp, ReturnOp, *ALIAS_OPS)
 
 
@@ -47,14 +49,18 @@ class BackendOptions:
     matmul's result alone are computed on its output tiles in SRAM (``backend/fusion.py``)
     instead of in kernels of their own (False: one kernel per op, for comparison); None follows
     ``module.attrs["fuse_epilogue"]`` (the npu-schedule pass option), default True.  None of the
-    three changes bits.  ``precision`` / ``rtol`` /
-    ``atol`` override what META records (default: ``module.attrs["precision"]`` and its tolerances);
+    three changes bits.  ``precision`` overrides what META records (default:
+    ``module.attrs["precision"]``); the check tolerances (``max_norm_err``, ``min_cosine``,
+    ``min_top1``, ``rtol``, ``atol``; mcpc.check) that are set replace the precision's defaults;
     ``passes`` and ``source_model`` are recorded in META as given."""
 
     double_buffer: bool | None = None
     prefetch: bool | None = None
     fuse_epilogue: bool | None = None
     precision: str | None = None
+    max_norm_err: float | None = None
+    min_cosine: float | None = None
+    min_top1: float | None = None
     rtol: float | None = None
     atol: float | None = None
     passes: tuple[str, ...] = ()
@@ -63,7 +69,8 @@ class BackendOptions:
     @classmethod
     def coerce(cls, options: BackendOptions | Mapping[str, Any] | None) -> BackendOptions:
         """Options from a BackendOptions, None, or a mapping of the driver's keys: the field names
-        plus ``tolerances: {rtol, atol}`` (other keys, e.g. ``qat_config``, are ignored)."""
+        plus ``tolerances: {max_norm_err, min_cosine, min_top1, rtol, atol}`` (other keys, e.g.
+        ``qat_config``, are ignored)."""
         if options is None:
             return cls()
         if isinstance(options, cls):
@@ -71,8 +78,8 @@ class BackendOptions:
         known = {f.name for f in fields(cls)}
         kw = {k: v for k, v in options.items() if k in known and v is not None}
         tol = options.get("tolerances") or {}
-        kw.setdefault("rtol", tol.get("rtol"))
-        kw.setdefault("atol", tol.get("atol"))
+        for key in CHECK_KEYS:
+            kw.setdefault(key, tol.get(key))
         if "passes" in kw:
             kw["passes"] = tuple(kw["passes"])
         return cls(**kw)
@@ -123,9 +130,13 @@ def compile_to_program(
     positions = {op: i for f in fusion.values() for op, i in f.positions.items()}
     plan = plan_dram(module, positions)
     if plan.size > target.dram.size_bytes:
-        raise PassError(
-            f"backend: the program needs {plan.size} bytes of DRAM, target {target.name} has "
-            f"{target.dram.size_bytes}"
+        raise does_not_fit(
+            "the program (weights, inputs, outputs and intermediates)",
+            plan.size,
+            target.dram.size_bytes,
+            "DRAM",
+            "dram.size_bytes",
+            f"target {target.name}",
         )
     em = Emitter(target)
     prefetch = opts.prefetch
@@ -148,11 +159,8 @@ def compile_to_program(
             "outputs": [_binding(n, v, plan) for n, v in zip(fn.result_names, fn.outputs, strict=True)],
         }
     precision = opts.precision or str(module.attrs.get("precision", "fp32"))
-    tol = dict(TOLERANCES.get(precision, TOLERANCES["fp32"]))
-    if opts.rtol is not None:
-        tol["rtol"] = float(opts.rtol)
-    if opts.atol is not None:
-        tol["atol"] = float(opts.atol)
+    tol = {k: float(getattr(opts, k)) for k in CHECK_KEYS if getattr(opts, k) is not None}
+    tol = tol or dict(TOLERANCES.get(precision, TOLERANCES["fp32"]))
     meta = {
         "compiler_version": _version(),
         "precision": precision,
@@ -215,7 +223,7 @@ def _lower_op(op: Any, lower: Any, ctx: LoweringContext, prefetch: bool, kernels
             prev = next((k for k in reversed(kernels) if any(k.steps)), None)
             got = _lower_in_region(op, lower, ctx, prefetch, prev)
         except PassError as exc:
-            if exc.message.startswith("backend:"):
+            if exc.message.startswith("backend:") or isinstance(exc, DoesNotFit):
                 raise
             raise PassError(f"backend: {op.describe()}: {exc.message}") from None
     for k in [got] if isinstance(got, Kernel) else list(got or []):

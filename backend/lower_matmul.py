@@ -128,11 +128,14 @@ def matmul_kernel(op: MatMulOp, ctx: LoweringContext, epilogue: Sequence[Epilogu
     slots = (ctx.in_slots, ctx.out_slots)
     need = epilogue_sram_bytes(op, epilogue, slots, ctx.align, loaded)
     if need > ctx.sram_budget:
-        hint = "; run the tile-matmul pass" if not op.attrs["tile"] else ""
-        budget = ctx.sram_budget
-        raise PassError(
-            f"matmul tile [{tm}, {tn}, {tk}] needs {need} bytes of SRAM, the budget is {budget}{hint}"
-        )
+        if not op.attrs["tile"] or ctx.sram_budget < ctx.target.sram.size_bytes:
+            # untiled (the tile-matmul pass did not run), or a region smaller than the SRAM is tried
+            budget = ctx.sram_budget
+            hint = "; run the tile-matmul pass" if not op.attrs["tile"] else ""
+            raise PassError(
+                f"matmul tile [{tm}, {tn}, {tk}] needs {need} bytes of SRAM, the budget is {budget}{hint}"
+            )
+        raise ctx.does_not_fit(op, f"the matmul tile [{tm}, {tn}, {tk}] with its epilogue", need)
     arena = ctx.arena()
     a_ring = arena.ring(ctx.in_slots, tm * tk * es, "A tile")
     b_ring = arena.ring(ctx.in_slots, tk * tn * es, "B tile")

@@ -29,7 +29,7 @@ from mcpc.backend.lower_shape import MIN_STEPS, OVERLAP_BYTES, U20, Dim, dma_nd,
 from mcpc.backend.lowering import LoweringContext, register_lowering
 from mcpc.backend.memory import align_up
 from mcpc.backend.schedule import Kernel, Step
-from mcpc.errors import PassError, UnsupportedError
+from mcpc.errors import UnsupportedError
 from mcpc.ir import ops
 from mcpc.ir.ops_nn import normalize_axes
 
@@ -129,7 +129,7 @@ def row_kernel(op, ctx: LoweringContext, axes, per_row: bool, scratch: dict[str,
 
     tj = fit_count(lambda j: need(j) <= ctx.sram_budget, min(lay.nk, U20))
     if tj == 0:
-        raise PassError(f"backend: {op.describe()}: one row of {c} elements does not fit the SRAM budget")
+        raise ctx.does_not_fit(op, f"one row of {c} elements (with its scratch buffers)", need(1))
     n_outer = math.prod(n for n, _ in lay.outer)
     if xt.nbytes > OVERLAP_BYTES and n_outer * math.ceil(lay.nk / tj) < MIN_STEPS:
         tj = min(tj, math.ceil(lay.nk / MIN_STEPS))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from mcpc.arch.isa import Instr
 from mcpc.backend.lowering import LoweringContext, register_lowering
 from mcpc.backend.schedule import Kernel, Step
-from mcpc.errors import PassError, UnsupportedError
+from mcpc.errors import UnsupportedError
 from mcpc.ir import ops
 
 U20 = (1 << 20) - 1  # rows / cols / element strides of vector instructions, DMA rows
@@ -179,7 +179,7 @@ def copy_kernel(ctx: LoweringContext, op, parts: Sequence[CopyPart], esz: int) -
     cap = min(overlap_cap(biggest, total), U20 * U24)
     tile = ctx.rows_that_fit([esz], [], max_rows=cap)
     if tile == 0:
-        raise PassError(f"backend: {op.describe()}: one element does not fit the SRAM budget")
+        raise ctx.does_not_fit(op, "a copy tile of one element", ctx.row_bytes_needed([esz], []))
     arena = ctx.arena()
     ring = arena.ring(ctx.in_slots, min(tile, biggest) * esz, "copy tile")
     steps, rank = [], 0
@@ -303,7 +303,8 @@ def _transpose_tiles(op, ctx, sizes, ss, ds, src, out, esz) -> list[Kernel]:
         tq = min(big_q, side)
         tp = ctx.rows_that_fit([tq * esz], [tq * esz], max_rows=big_p)
     if tp == 0:
-        raise PassError(f"backend: {op.describe()}: a transpose tile does not fit the SRAM budget")
+        need = ctx.row_bytes_needed([tq * esz], [tq * esz])
+        raise ctx.does_not_fit(op, f"a transpose tile of one row of {tq} elements", need)
     tp = min(tp, overlap_cap(sizes[p], math.prod(sizes) * esz))
     arena = ctx.arena()
     ring_in = arena.ring(ctx.in_slots, tp * tq * esz, "transpose in")
@@ -390,7 +391,8 @@ def lower_gather(op, ctx: LoweringContext) -> list[Kernel]:
     row = post * esz
     slot_bytes = (ctx.sram_budget - arena.peak) // ctx.in_slots // ctx.align * ctx.align
     if slot_bytes <= 0:
-        raise PassError(f"backend: {op.describe()}: no SRAM left for gathered rows")
+        need = arena.peak + ctx.in_slots * ctx.align
+        raise ctx.does_not_fit(op, "the gather's indices and one slot of gathered bytes", need)
     tc = min(row, slot_bytes, U24)  # bytes of each row per gather (a DMA may split rows anywhere)
     ti = max(1, min(count, U20, slot_bytes // tc, overlap_cap(count, count * row)))
     ring = arena.ring(ctx.in_slots, ti * tc, "gathered rows")

@@ -41,7 +41,6 @@ from mcpc.backend.lower_shape import (
 from mcpc.backend.lowering import LoweringContext, register_lowering
 from mcpc.backend.memory import align_up
 from mcpc.backend.schedule import Kernel, Step
-from mcpc.errors import PassError
 from mcpc.ir import ops
 
 
@@ -105,9 +104,12 @@ def elementwise_kernel(op, ctx: LoweringContext, operands, build, imms=None) -> 
         sr, sc = st[i][-2], st[i][-1]
         return (r if sr else 1) * (c if sc else 1) * esz[i]
 
-    def fits(r: int, c: int) -> bool:
+    def need(r: int, c: int) -> int:
         ins = sum(align_up(max(tile_bytes(i, r, c), 1), ctx.align) for i in loaded)
-        return ctx.in_slots * ins + ctx.out_slots * align_up(r * c * osz, ctx.align) <= ctx.sram_budget
+        return ctx.in_slots * ins + ctx.out_slots * align_up(r * c * osz, ctx.align)
+
+    def fits(r: int, c: int) -> bool:
+        return need(r, c) <= ctx.sram_budget
 
     widest = max([osz, *esz.values()])
     tc = min(cols, U20, U24 // widest)
@@ -115,7 +117,7 @@ def elementwise_kernel(op, ctx: LoweringContext, operands, build, imms=None) -> 
     if tr == 0:
         tr, tc = 1, fit_count(lambda c: fits(1, c), tc)
         if tc == 0:
-            raise PassError(f"backend: {op.describe()}: one element per operand does not fit the SRAM budget")
+            raise ctx.does_not_fit(op, "one element per operand", need(1, 1))
     n_outer = math.prod(sizes[:-2])
     tiles = n_outer * math.ceil(rows / tr) * math.ceil(cols / tc)
     if ot.numel * osz > OVERLAP_BYTES and tiles < MIN_STEPS:  # several steps so DMA overlaps compute

@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 
 from mcpc.backend.emitter import Emitter
-from mcpc.backend.memory import SramArena, rows_that_fit
+from mcpc.backend.memory import SramArena, rows_bytes, rows_that_fit
 from mcpc.backend.schedule import Kernel, Step
+from mcpc.errors import DoesNotFit, does_not_fit
 
 Lowering = Callable[[Any, "LoweringContext"], "Kernel | list[Kernel]"]
 LOWERINGS: dict[type, Lowering] = {}
@@ -134,6 +135,18 @@ class LoweringContext:
             self.sram_budget, self.align, self.in_slots, self.out_slots,
             in_row_bytes, out_row_bytes, persistent, max_rows,
         )  # fmt: skip
+
+    def row_bytes_needed(self, in_row_bytes: Sequence[int], out_row_bytes: Sequence[int]) -> int:
+        """SRAM bytes of one row of each buffer: what ``rows_that_fit`` found too big when it returns 0."""
+        return rows_bytes(1, self.align, self.in_slots, self.out_slots, in_row_bytes, out_row_bytes)
+
+    def does_not_fit(self, op: Any, what: str, need: int) -> DoesNotFit:
+        """The user error for ``op``'s ``what`` needing ``need`` bytes of SRAM: by how much, and
+        the ``--set sram.size_bytes`` that would hold it."""
+        t = self.target
+        return does_not_fit(
+            f"{op.describe()}: {what}", need, t.sram.size_bytes, "SRAM", "sram.size_bytes", f"target {t.name}"
+        )
 
     def kernel(self, steps: list[Step], arena: SramArena | None = None) -> Kernel:
         """A Kernel with this context's slot counts; records the arena's region and peak as its SRAM use."""

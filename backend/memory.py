@@ -87,6 +87,22 @@ class SramArena:
         return ", ".join(f"{n} {b}B" for n, _, b in self.names) or "nothing"
 
 
+def rows_bytes(
+    rows: int,
+    align: int,
+    in_slots: int,
+    out_slots: int,
+    in_row_bytes: Sequence[int],
+    out_row_bytes: Sequence[int],
+    persistent: int = 0,
+) -> int:
+    """SRAM bytes of ``rows`` rows of every per-row buffer (``in_slots``/``out_slots`` times each,
+    aligned) plus ``persistent``: what ``rows_that_fit`` holds against its budget."""
+    ins = sum(align_up(max(rows * b, 1), align) for b in in_row_bytes)
+    outs = sum(align_up(max(rows * b, 1), align) for b in out_row_bytes)
+    return in_slots * ins + out_slots * outs + align_up(persistent, align)
+
+
 def rows_that_fit(
     budget: int,
     align: int,
@@ -102,9 +118,7 @@ def rows_that_fit(
     ``persistent`` bytes fits in ``budget``.  Returns 0 when not even one row fits."""
 
     def need(t: int) -> int:
-        ins = sum(align_up(max(t * b, 1), align) for b in in_row_bytes)
-        outs = sum(align_up(max(t * b, 1), align) for b in out_row_bytes)
-        return in_slots * ins + out_slots * outs + align_up(persistent, align)
+        return rows_bytes(t, align, in_slots, out_slots, in_row_bytes, out_row_bytes, persistent)
 
     hi = max_rows if max_rows is not None else budget
     if hi <= 0 or need(1) > budget:

@@ -10,14 +10,17 @@ boundary casts an f32 model would add to an fp16 build.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from mcpc import examples
+from mcpc.errors import InputError
 
 _ELEM = {"f32": (TensorProto.FLOAT, np.float32), "f16": (TensorProto.FLOAT16, np.float16)}
 
@@ -145,3 +148,59 @@ def probe_cases(target, dtype: str, quick: bool = False) -> list[Case]:
         Case("matvec", "probe", f"1x{k}x{nn} {dtype}", matmul_probe(1, k, nn, dtype)),
         Case("elementwise_add", "probe", f"{rows}x{cols} {dtype}", add_probe(rows, cols, dtype)),
     ]
+
+
+# -- simulator speed against ONNX Runtime -------------------------------------------------------
+SIM_SPEED_TARGET = "mcp2026-a100"
+_REAL_MODELS = Path(__file__).resolve().parent.parent / "tests" / "real_models"
+
+
+def _minilm(batch: int, seq: int) -> Callable:
+    def build(seed: int):
+        sys.path.insert(0, str(_REAL_MODELS))
+        try:
+            from real_model import MINILM, realistic_inputs
+        finally:
+            sys.path.remove(str(_REAL_MODELS))
+        try:
+            path = MINILM.path()
+        except LookupError as e:
+            raise InputError(f"the minilm_l3 case needs the real MiniLM export: {e}") from None
+        model = onnx.load(str(path))
+        return model, realistic_inputs(model, batch, seq, seed)
+
+    return build
+
+
+def _minilm_dims(batch: int, seq: int) -> dict[str, int]:
+    # the shipped export's symbolic dims (tests/real_models/real_model.dim_bindings reads the same)
+    return {"batch_size": batch, "sequence_length": seq}
+
+
+def _decoder_step(layers: int, context: int) -> Callable:
+    def build(seed: int):
+        from decoder_step import decoder_step
+
+        return decoder_step(layers=layers, context=context, seed=seed)
+
+    return build
+
+
+def sim_speed_cases(quick: bool = False) -> list[Case]:
+    """Models the simulator's speed is compared on (functional and timing-only runs against ONNX
+    Runtime): MiniLM-L3 (the real export) at batch 1 and 8, sequence 128, and a decoder step of
+    SmolLM2-135M's shape at context 256 (``decoder_step.py``).  ``quick``: MiniLM batch 1 and a
+    4-layer decoder step."""
+    cases = [Case("minilm_l3", "sim_speed", "b1 s128", _minilm(1, 128), _minilm_dims(1, 128))]
+    if not quick:
+        cases.append(Case("minilm_l3", "sim_speed", "b8 s128", _minilm(8, 128), _minilm_dims(8, 128)))
+    layers = 4 if quick else 30
+    cases.append(
+        Case(
+            "decoder_step",
+            "sim_speed",
+            f"SmolLM2-135M shape, {layers} layers, b1 ctx256",
+            _decoder_step(layers, 256),
+        )
+    )
+    return cases

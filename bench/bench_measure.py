@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 
 import mcpc
-from mcpc.check import compare, run_onnxruntime
+from mcpc.check import Tolerances, compare, is_logits, run_onnxruntime
 from mcpc.driver import load_qat_config
 from mcpc.sim.api import load_program, run_program
 
@@ -105,12 +105,15 @@ def _profile_summary(profile: dict) -> dict:
 
 
 def _accuracy(sim_outputs: dict, ref: dict, config) -> dict:
-    comps = [compare(n, y, ref[n], config.check.rtol, config.check.atol) for n, y in sim_outputs.items()]
+    tol = config.check
+    criteria = Tolerances.from_mapping(tol.tolerances())
+    comps = [
+        criteria.compare(n, y, ref[n], top1=is_logits(n, y.shape, set())) for n, y in sim_outputs.items()
+    ]
     return {
         "norm_max_err": max(c.norm_max_err for c in comps),
         "cosine": min(c.cosine for c in comps),
-        "rtol": config.check.rtol,
-        "atol": config.check.atol,
+        "tolerances": tol.tolerances(),
         "within_tolerance": all(c.passed for c in comps),
     }
 
@@ -161,4 +164,70 @@ def measure_case(case, target: str, qat_config: str, workdir: Path, repeats: int
         "sim": _profile_summary(sim.profile),
         "accuracy": _accuracy(sim.outputs, ref, config),
         "ir_ops": result.report.get("ir_ops", {}),
+    }
+
+
+def _best(fn, repeats: int) -> float:
+    fn()  # warm-up, excluded
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def measure_sim_speed(case, target: str, qat_config: str, workdir: Path, repeats: int, seed: int = 0) -> dict:
+    """Simulator wall time against ONNX Runtime's on ``case`` (JSON-ready): best of ``repeats``
+    warm runs each (one warm-up excluded; program load and session creation excluded) of the
+    functional simulator, the timing-only simulator, and ONNX Runtime with 2 intra-op threads on
+    the same model and inputs; plus the accuracy of the functional outputs against ONNX Runtime."""
+    import onnxruntime as ort
+
+    config = load_qat_config(qat_config)
+    model, inputs = case.build(seed)
+    stem = f"speed-{case.name}-{case.size.split(',')[0].replace(' ', '_')}-{config.name}"
+    onnx_path, mcpb_path = workdir / f"{stem}.onnx", workdir / f"{stem}.mcpb"
+    onnx.save(model, onnx_path)
+    del model
+    t = time.perf_counter()
+    mcpc.compile(onnx_path, target=target, qat_config=qat_config, dims=case.dims, output=mcpb_path)
+    compile_s = time.perf_counter() - t
+    t = time.perf_counter()
+    program = load_program(mcpb_path)
+    load_s = time.perf_counter() - t
+    t = time.perf_counter()
+    first = run_program(program, inputs)  # the first run prepares the program's machine
+    first_s = time.perf_counter() - t
+    sim_s = _best(lambda: run_program(program, inputs), repeats)
+    timing_s = _best(lambda: run_program(program, inputs, timing_only=True), repeats)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.intra_op_num_threads = 2
+    sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+    feed = {i.name: inputs[i.name] for i in sess.get_inputs()}
+    names = [o.name for o in sess.get_outputs()]
+    ref = dict(zip(names, sess.run(None, feed), strict=True))
+    ort_s = _best(lambda: sess.run(None, feed), repeats)
+
+    err = max(compare(n, first.outputs[n], ref[n], 0, 0).norm_max_err for n in names)
+    onnx_path.unlink()
+    mcpb_path.unlink()
+    return {
+        "case": case.name,
+        "size": case.size,
+        "target": target,
+        "build": config.name,
+        "repeats": repeats,
+        "instructions": first.profile["instructions"],
+        "cycles": first.profile["cycles"],
+        "compile_s": compile_s,
+        "sim_load_s": load_s,
+        "sim_first_run_s": first_s,
+        "sim_s": sim_s,
+        "timing_only_s": timing_s,
+        "ort_s": ort_s,
+        "sim_over_ort": sim_s / ort_s,
+        "timing_only_over_ort": timing_s / ort_s,
+        "norm_max_err": err,
     }

@@ -190,4 +190,30 @@ def render_markdown(doc: dict) -> str:
             + [f"{t['sim_instructions_per_s']:,.0f}", _ms(r["ort"]["median_s"]), f"{r['sim_over_ort']:.1f}×"]
         )
     lines += _table(header, rows)
+    if doc.get("sim_speed"):
+        lines += [
+            "",
+            "## Simulator speed against ONNX Runtime",
+            "",
+            "Best of the repeats, warm and in-process (program load and the first run, which prepares",
+            "the program's machine, excluded; ONNX Runtime with 2 intra-op threads, session creation",
+            "excluded), same model and inputs.  `sim/ORT`: functional simulation; `timing/ORT`:",
+            "timing-only simulation (same cycles, no values).  Error: the functional outputs against",
+            "ONNX Runtime (max over outputs of max|y − r| / max|r|).",
+            "",
+            *sim_speed_table(doc["sim_speed"]),
+        ]
     return "\n".join(lines) + "\n"
+
+
+def sim_speed_table(speed: list[dict]) -> list[str]:
+    """The simulator-vs-ONNX Runtime table as markdown lines."""
+    header = ["case", "size", "target", "build", "instructions", "first run", "sim", "timing-only"]
+    header += ["ORT", "sim/ORT", "timing/ORT", "norm max err"]
+    rows = [
+        [r["case"], r["size"], r["target"], r["build"], f"{r['instructions']:,}"]
+        + [_ms(r[k]) for k in ("sim_first_run_s", "sim_s", "timing_only_s", "ort_s")]
+        + [f"{r['sim_over_ort']:.2f}×", f"{r['timing_only_over_ort']:.3f}×", f"{r['norm_max_err']:.1e}"]
+        for r in speed
+    ]
+    return _table(header, rows)

@@ -1,7 +1,8 @@
 """mcpc benchmark: toolchain speed against ONNX Runtime and simulated performance against the roofline.
 
     python bench/run.py [--quick] [--repeats N] [--targets T,...] [--builds fp32,fp16]
-                        [--cases NAME,...] [-o bench/results.json] [--markdown bench/results.md]
+                        [--cases NAME,...] [--no-sim-speed] [-o bench/results.json]
+                        [--markdown bench/results.md]
 
 For the bundled example models (two sizes each) and the roofline probes (square matmul at array
 multiples, one-row matmul, large elementwise add), on every shipped target and build, one run
@@ -9,6 +10,9 @@ measures the toolchain wall times (import, passes, backend, simulator load and r
 ``--repeats`` after a warm-up), ONNX Runtime's CPU inference time on the same model and inputs,
 the simulated cycles and roofline fractions, and the accuracy against ONNX Runtime.  It writes a
 JSON document and a markdown report (both atomically) with the machine facts and the command.
+Then, on MiniLM-L3 (batch 1 and 8, sequence 128) and a decoder step of SmolLM2-135M's shape
+(context 256), for every build, it measures the simulator's functional and timing-only run
+times against ONNX Runtime's (2 threads, best of ``--repeats``) and prints that table.
 
 Exit codes: 0 done, 2 usage error, and the ``mcpc.errors`` code of any toolchain error.
 """
@@ -27,9 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules beside this script
 
-from bench_cases import model_cases, probe_cases  # noqa: E402
-from bench_measure import measure_case  # noqa: E402
-from bench_report import machine_facts, render_markdown  # noqa: E402
+from bench_cases import SIM_SPEED_TARGET, model_cases, probe_cases, sim_speed_cases  # noqa: E402
+from bench_measure import measure_case, measure_sim_speed  # noqa: E402
+from bench_report import machine_facts, render_markdown, sim_speed_table  # noqa: E402
 
 from mcpc.arch.target import list_targets, load_target  # noqa: E402
 from mcpc.driver import load_qat_config, write_atomic  # noqa: E402
@@ -37,7 +41,7 @@ from mcpc.errors import McpcError, UsageError  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 BUILDS = ("fp32", "fp16")
-SCHEMA = 1
+SCHEMA = 2  # 2: sim_speed
 
 
 def _csv(text: str) -> list[str]:
@@ -52,6 +56,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--builds", type=_csv, default=list(BUILDS), help="comma-separated QAT configs")
     p.add_argument("--cases", type=_csv, default=None, help="only these cases (e.g. mlp,square_matmul)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--no-sim-speed", action="store_true", help="skip the simulator-vs-ONNX Runtime speed table"
+    )
     p.add_argument("-o", "--output", type=Path, default=HERE / "results.json", help="JSON results path")
     p.add_argument("--markdown", type=Path, default=None, help="markdown path (default: OUTPUT with .md)")
     args = p.parse_args(argv)
@@ -77,10 +84,19 @@ def plan(args: argparse.Namespace) -> list[tuple]:
     return runs
 
 
+def plan_sim_speed(args: argparse.Namespace) -> list[tuple]:
+    """(case, target name, build) triples of the simulator speed table (``SIM_SPEED_TARGET``)."""
+    if args.no_sim_speed:
+        return []
+    builds = [load_qat_config(b).name for b in args.builds]
+    cases = [c for c in sim_speed_cases(args.quick) if not args.cases or c.name in args.cases]
+    return [(c, SIM_SPEED_TARGET, b) for c in cases for b in builds]
+
+
 def run(args: argparse.Namespace, command: str, log=sys.stderr) -> dict:
     """Measure every planned case and return the JSON document (not yet written)."""
-    runs = plan(args)
-    if not runs:
+    runs, speed_runs = plan(args), plan_sim_speed(args)
+    if not runs and not speed_runs:
         raise UsageError(f"no case matches --cases {','.join(args.cases or [])}")
     # Other processes on the machine inflate wall times: the load average says how busy it was.
     load_before = os.getloadavg()
@@ -99,6 +115,18 @@ def run(args: argparse.Namespace, command: str, log=sys.stderr) -> dict:
                 file=log,
                 flush=True,
             )
+        speed = []
+        for i, (case, target, build) in enumerate(speed_runs, 1):
+            t = time.perf_counter()
+            r = measure_sim_speed(case, target, build, Path(tmp), args.repeats, args.seed)
+            speed.append(r)
+            print(
+                f"[speed {i}/{len(speed_runs)}] {case.name} {case.size} {build}: sim/ORT "
+                f"{r['sim_over_ort']:.2f}x, timing-only/ORT {r['timing_only_over_ort']:.3f}x "
+                f"({time.perf_counter() - t:.1f} s)",
+                file=log,
+                flush=True,
+            )
     return {
         "schema": SCHEMA,
         "command": command,
@@ -109,6 +137,7 @@ def run(args: argparse.Namespace, command: str, log=sys.stderr) -> dict:
         "quick": args.quick,
         "facts": machine_facts(),
         "results": results,
+        "sim_speed": speed,
     }
 
 
@@ -124,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     markdown = args.markdown or args.output.with_suffix(".md")
     write_atomic(args.output, json.dumps(doc, indent=1, sort_keys=True) + "\n")
     write_atomic(markdown, render_markdown(doc))
+    if doc["sim_speed"]:
+        print("\n".join(sim_speed_table(doc["sim_speed"])))
     print(f"wrote {args.output} and {markdown} ({doc['wall_s']:.0f} s)", file=sys.stderr)
     return 0
 

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from mcpc.errors import InputError
 from mcpc.ir import ops
 from mcpc.ir.onnx_handlers import _reshape, check, handles
 from mcpc.ir.ops_core import broadcast_shapes, normalize_axis
@@ -76,6 +77,13 @@ def _reshape_node(ctx, ins):
     x, target = ins[0], ctx.ints(ins[1], "the shape input")
     shape = ctx.shape(x)
     allowzero = ctx.attr("allowzero", 0)
+    if not allowzero and any(d == 0 and i >= len(shape) for i, d in enumerate(target)):
+        # ONNX reads a 0 as "copy the input's dim": a shape computed from a dim bound to 0 lands here
+        raise InputError(
+            f"{ctx.where()}: shape {target} has a 0 at a position the input of rank {len(shape)} lacks "
+            f"(Reshape copies the input's dim for a 0); a dim bound to 0 reaches this Reshape (inputs "
+            f"bound as {ctx.bindings()})"
+        )
     out = [shape[i] if d == 0 and not allowzero else d for i, d in enumerate(target)]
     if out.count(-1) > 1:
         raise ctx.unsupported(f"shape {target} has more than one -1")

@@ -3,9 +3,12 @@
 ``import_onnx(model, shapes, dims)`` assumes an ONNX model of default-domain opset 13–28 and
 guarantees a ``Module`` that verifies, or one of these errors:
 
-* ``InputError`` — unreadable/truncated file, checker failure, an input dim that is still symbolic
-  after binding (naming the input, dim position and dim param, and how to bind it), a shape given
-  for a non-existent input.
+* ``InputError`` — unreadable/truncated file, checker failure, input dims still symbolic after
+  binding (all of them at once, where each is used, and the ``--dim`` line that binds them).
+* ``UsageError`` — a binding wrong in itself (unknown input or dim name, negative size, rank or
+  fixed dim contradicted, a 0 emptying an input that cannot be empty), listing the model's dims.
+* ``DoesNotFit`` — with ``dram_bytes``, inputs larger than the target's DRAM; an import-time
+  constant the host cannot allocate.
 * ``UnsupportedError`` — every unsupported node listed at once as
   ``node 'name' (op_type OpType, opset N)``, plus unsupported input/output dtypes.
 * ``McpcError`` (exit 70) — an importer bug: our type inference disagrees with ONNX's.
@@ -21,13 +24,14 @@ rounding, not a lossless conversion; float64 model inputs/outputs are unsupporte
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from mcpc.errors import InputError, InternalError, McpcError, UnsupportedError
+from mcpc.errors import DoesNotFit, InputError, InternalError, McpcError, UnsupportedError, does_not_fit
 from mcpc.ir import ops_nn, ops_shape  # noqa: F401  (registers the ops the handlers emit)
 from mcpc.ir.core import Function, Module, Operation, Value
 from mcpc.ir.dtypes import I32, I64, DType, dtype_from_numpy
@@ -52,13 +56,17 @@ def import_onnx(
     model: str | Path | onnx.ModelProto,
     shapes: dict[str, tuple[int, ...]] | None = None,
     dims: dict[str, int] | None = None,
+    *,
+    dram_bytes: int | None = None,
 ) -> Module:
     """Import ``model`` (a path or a ModelProto) into a verified ``Module`` with one ``main``.
 
     ``shapes`` binds whole inputs (``{"input_ids": (1, 128)}``); ``dims`` binds a named dim param
     everywhere (``{"seq": 128}``).  Function arguments are the graph inputs that are not
     initializers, in order; ``result_names`` are the graph output names; every op's ``loc`` is the
-    ONNX node name (``<op_type>_<index>`` when unnamed).
+    ONNX node name (``<op_type>_<index>`` when unnamed).  With ``dram_bytes`` (the target's DRAM),
+    inputs that together exceed it are ``DoesNotFit`` before any import work; import-time constants
+    the host cannot allocate are ``DoesNotFit`` naming the node.
     """
     proto, label, name = _load(model)
     try:
@@ -70,8 +78,45 @@ def import_onnx(
     if proto.functions:
         proto = onnx.inliner.inline_local_functions(proto)
     bound = bind_input_shapes(proto.graph, label, shapes or {}, dims or {})
+    if dram_bytes is not None:
+        _check_inputs_fit(proto.graph, label, bound, dram_bytes)
     inferred = _onnx_shapes(proto, bound, label)
     return _Importer(proto.graph, label, name, opset, bound, inferred).run()
+
+
+def _check_inputs_fit(graph, label: str, bound: dict[str, tuple[int, ...]], dram_bytes: int) -> None:
+    """DoesNotFit when the bound inputs alone need more than ``dram_bytes`` (the target's DRAM)."""
+    sizes = {}
+    for inp in _graph_inputs(graph):
+        bits = onnx_dtype(inp.type.tensor_type.elem_type).bits
+        sizes[inp.name] = (math.prod(bound[inp.name]) * bits + 7) // 8
+    total = sum(sizes.values())
+    if total > dram_bytes:
+        biggest = max(sizes, key=sizes.get)
+        shape = "x".join(map(str, bound[biggest]))
+        raise does_not_fit(
+            f"{label}: the input data (largest: '{biggest}', {shape})",
+            total,
+            dram_bytes,
+            "DRAM",
+            "dram.size_bytes",
+        )
+
+
+def unsupported_reason(node: onnx.NodeProto, opset: int, used: set[str]) -> str | None:
+    """None when the importer handles ``node``; else why not ("" for an op type it lacks).
+
+    ``used`` holds every value name some node or graph output reads (optional outputs nobody
+    reads may be unsupported without harm)."""
+    if (node.domain, node.op_type) in DOMAIN_HANDLERS:
+        return None
+    if node.domain not in _DEFAULT_DOMAINS:
+        return "custom-domain ops are not supported"
+    if node.op_type not in HANDLERS:
+        return ""
+    if node.op_type in CHECKS:
+        return CHECKS[node.op_type](node, _attrs(node), opset, used) or None
+    return None
 
 
 def _first_line(e: Exception) -> str:
@@ -168,16 +213,13 @@ class _Importer:
                 problems.append(f"{what} '{vi.name}': {e}")
         for index, node in enumerate(self.graph.node):
             where = f"node '{node.name or f'{node.op_type}_{index}'}' (op_type {node.op_type}"
-            if (node.domain, node.op_type) in DOMAIN_HANDLERS:
+            reason = unsupported_reason(node, self.opset, used)
+            if reason is None:
                 continue
             if node.domain not in _DEFAULT_DOMAINS:
-                problems.append(f"{where}, domain {node.domain}): custom-domain ops are not supported")
-            elif node.op_type not in HANDLERS:
-                problems.append(f"{where}, opset {self.opset})")
-            elif node.op_type in CHECKS:
-                reason = CHECKS[node.op_type](node, _attrs(node), self.opset, used)
-                if reason:
-                    problems.append(f"{where}, opset {self.opset}): {reason}")
+                problems.append(f"{where}, domain {node.domain}): {reason}")
+            else:
+                problems.append(f"{where}, opset {self.opset})" + (f": {reason}" if reason else ""))
         if problems:
             raise UnsupportedError(
                 f"{self.label}: {len(problems)} unsupported item(s): " + "; ".join(problems)
@@ -199,6 +241,11 @@ class _Importer:
             outs = (HANDLERS[node.op_type] if default else DOMAIN_HANDLERS[node.domain, node.op_type])(
                 self, ins
             )
+        except MemoryError:
+            raise DoesNotFit(
+                f"{self.where()}: evaluating it at import needs more host memory than there is (with "
+                f"inputs bound as {self.bindings()}); bind smaller dims (--dim NAME=N, --shape INPUT=AxB)"
+            ) from None
         except ValueError as e:
             # shape arithmetic in a handler (broadcast, axis) rejects this node under the bound dims:
             # e.g. a sequence longer than the model's position table; the user's input, not our bug

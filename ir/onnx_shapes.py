@@ -1,9 +1,11 @@
 """Shapes at ONNX import: binding the graph inputs' symbolic dims, and ONNX's own shape inference.
 
 ``bind_input_shapes`` turns ``--shape``/``--dim`` bindings into a static shape per real graph input
-(InputError naming the input, dim position and dim param, and how to bind it, when one stays
-symbolic).  ``_onnx_shapes`` runs ONNX's shape inference on the bound model, which the importer
-uses only to cross-check its own inference.  ``mcpc.ir.onnx_import`` re-exports these names.
+(InputError naming every dim still symbolic with the ``--dim`` line; UsageError, listing the model's
+dims, for a wrong binding).  ``input_dims``, ``dim_line`` and ``may_be_empty`` (the KV-cache rule
+for a 0) serve ``mcpc inspect-model`` too.  ``_onnx_shapes`` runs ONNX's shape inference on the
+bound model, which the importer uses to cross-check its own inference.  ``mcpc.ir.onnx_import``
+re-exports these names.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import math
 
 import onnx
 
-from mcpc.errors import InputError, UnsupportedError
+from mcpc.errors import InputError, UnsupportedError, UsageError
 
 _SHAPE_DATA_MAX_ELEMENTS = 4096  # initializers this small are kept for ONNX's data propagation
 
@@ -23,19 +25,102 @@ def _graph_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
     return [i for i in graph.input if i.name not in inits]
 
 
+def input_dims(graph: onnx.GraphProto) -> dict[str, list[tuple[str, int]]]:
+    """Every symbolic dim param of the real inputs, in order of first use: name -> [(input, axis)]."""
+    found: dict[str, list[tuple[str, int]]] = {}
+    for inp in _graph_inputs(graph):
+        if inp.type.HasField("tensor_type") and inp.type.tensor_type.HasField("shape"):
+            for axis, d in enumerate(inp.type.tensor_type.shape.dim):
+                if not d.HasField("dim_value") and d.dim_param:
+                    found.setdefault(d.dim_param, []).append((inp.name, axis))
+    return found
+
+
+def dim_line(names, known: dict[str, int] | None = None) -> str:
+    """The ready-to-paste ``--dim a=N --dim b=N`` for ``names`` (a bound size where ``known`` has one)."""
+    known = known or {}
+    return " ".join(f"--dim {n}={known.get(n, 'N')}" for n in names)
+
+
+def _model_dims(graph: onnx.GraphProto) -> str:
+    """The model's symbolic dims for a usage error: ``batch (input_ids dim 0, ...), seq (...)``."""
+    found = input_dims(graph)
+    if not found:
+        return "the model's inputs have no symbolic dims"
+    uses = "; ".join(f"{n} ({', '.join(f'{i} dim {a}' for i, a in where)})" for n, where in found.items())
+    return f"the model's symbolic dims: {uses}"
+
+
+_SHAPE_ONLY = ("Shape", "Size")  # read an input's shape, never its elements
+_PASS_THROUGH = ("Identity", "Cast")  # same shape as their input: look at their consumers instead
+
+
+def may_be_empty(graph: onnx.GraphProto, name: str, axis: int, rank: int) -> bool:
+    """Whether input ``name`` may have size 0 along ``axis``: every consumer (through Identity and
+    Cast) only reads its shape (Shape, Size) or is a Concat along ``axis`` with other inputs.
+
+    That is the KV-cache pattern: ``past_key`` of length 0 (a prefill) is concatenated with the new
+    keys along the sequence axis, so the result is never empty.  Anything else (a Gather of token
+    ids, a matmul) would compute on an empty tensor, which no real run does.
+    """
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for i in node.input:
+            consumers.setdefault(i, []).append(node)
+    todo, seen = [name], set()
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for node in consumers.get(current, []):
+            if node.op_type in _SHAPE_ONLY and node.domain in ("", "ai.onnx"):
+                continue
+            if node.op_type in _PASS_THROUGH and node.domain in ("", "ai.onnx"):
+                todo.extend(o for o in node.output if o)
+                continue
+            if node.op_type != "Concat" or node.domain not in ("", "ai.onnx"):
+                return False
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            concat_axis = attrs.get("axis", 0)
+            if (
+                concat_axis + (rank if concat_axis < 0 else 0) != axis
+                or len([i for i in node.input if i]) < 2
+            ):
+                return False
+    return True
+
+
 def bind_input_shapes(
     graph: onnx.GraphProto, label: str, shapes: dict[str, tuple[int, ...]], dims: dict[str, int]
 ) -> dict[str, tuple[int, ...]]:
-    """Static shape of every real graph input after binding, or InputError naming what is unbound.
+    """Static shape of every real graph input after binding.
 
     A whole-input binding also teaches the dim params it covers (``shapes={"ids": (1, 128)}`` on
-    ``ids: [batch, seq]`` binds ``seq=128`` for every other input); conflicting bindings are errors.
+    ``ids: [batch, seq]`` binds ``seq=128`` for every other input).  Raises UsageError, listing
+    the model's dims, for a binding that is wrong in itself: an unknown input or dim name, a
+    negative size, a rank or fixed dim the model contradicts, conflicting bindings, or 0 for a dim
+    of an input that cannot be empty (see ``may_be_empty``).  Raises InputError naming every dim
+    still symbolic after binding, with the ready-to-paste ``--dim`` line.
     """
     inputs = _graph_inputs(graph)
     names = [i.name for i in inputs]
-    for name in shapes:
+    known = input_dims(graph)
+
+    def usage(text: str) -> UsageError:
+        return UsageError(f"{label}: {text}; {_model_dims(graph)}")
+
+    for name, value in dims.items():
+        if name not in known:
+            raise usage(f"--dim {name}={value}: the model has no input dim named '{name}'")
+        if int(value) < 0:
+            raise usage(f"--dim {name}={value}: a size must be >= 0")
+    for name, value in shapes.items():
+        text = f"--shape {name}={'x'.join(map(str, value))}"
         if name not in names:
-            raise InputError(f"{label}: --shape given for '{name}', which is not an input (inputs: {names})")
+            raise usage(f"{text}: '{name}' is not an input (inputs: {names})")
+        if any(int(d) < 0 for d in value):
+            raise usage(f"{text}: sizes must be >= 0")
     learned = {k: int(v) for k, v in dims.items()}
     for inp in inputs:
         if inp.name not in shapes:
@@ -43,24 +128,20 @@ def bind_input_shapes(
         want = tuple(int(d) for d in shapes[inp.name])
         tt = inp.type.tensor_type
         if tt.HasField("shape"):
+            text = f"--shape {inp.name}={'x'.join(map(str, want))}"
             if len(tt.shape.dim) != len(want):
-                raise InputError(
-                    f"{label}: --shape {inp.name}={'x'.join(map(str, want))} has rank {len(want)}, "
-                    f"but the input has rank {len(tt.shape.dim)}"
-                )
+                raise usage(f"{text} has rank {len(want)}, but the input has rank {len(tt.shape.dim)}")
             for pos, (d, w) in enumerate(zip(tt.shape.dim, want, strict=True)):
                 if d.HasField("dim_value") and d.dim_value != w:
-                    raise InputError(
-                        f"{label}: --shape {inp.name}: dim {pos} is fixed to {d.dim_value} by the model, "
-                        f"not {w}"
-                    )
+                    raise usage(f"{text}: dim {pos} is fixed to {d.dim_value} by the model, not {w}")
                 if d.HasField("dim_param") and d.dim_param:
                     if learned.setdefault(d.dim_param, w) != w:
-                        raise InputError(
-                            f"{label}: dim '{d.dim_param}' is bound to both {learned[d.dim_param]} and {w} "
+                        raise usage(
+                            f"dim '{d.dim_param}' is bound to both {learned[d.dim_param]} and {w} "
                             f"(input '{inp.name}', dim {pos})"
                         )
     bound: dict[str, tuple[int, ...]] = {}
+    unnamed: list[str] = []  # inputs with an unknown rank or an unnamed symbolic dim, and how to bind
     for inp in inputs:
         if inp.name in shapes:
             bound[inp.name] = tuple(int(d) for d in shapes[inp.name])
@@ -71,39 +152,73 @@ def bind_input_shapes(
             )
         tt = inp.type.tensor_type
         if not tt.HasField("shape"):
-            raise InputError(
-                f"{label}: input '{inp.name}' has an unknown rank; bind it with "
-                f"--shape {inp.name}=1x128 (e.g.)"
+            unnamed.append(
+                f"input '{inp.name}' has an unknown rank: bind it with --shape {inp.name}=1x128 (e.g.)"
             )
+            continue
         shape = []
         for pos, d in enumerate(tt.shape.dim):
             if d.HasField("dim_value"):
                 shape.append(d.dim_value)
-            elif d.dim_param and d.dim_param in learned:
+            elif d.dim_param in learned:
                 shape.append(learned[d.dim_param])
-            else:
-                param = f"'{d.dim_param}'" if d.dim_param else "(unnamed)"
-                pattern = "x".join(_dim_hint(d, i == pos, learned) for i, d in enumerate(tt.shape.dim))
-                how = f"--dim {d.dim_param}=N or " if d.dim_param else ""
-                raise InputError(
-                    f"{label}: input '{inp.name}' dim {pos} is symbolic {param}; bind it with "
-                    f"{how}--shape {inp.name}={pattern}"
-                )
+            elif not d.dim_param:
+                pattern = "x".join(_dim_hint(e, i == pos, learned) for i, e in enumerate(tt.shape.dim))
+                what = f"input '{inp.name}' dim {pos} is symbolic (unnamed)"
+                unnamed.append(f"{what}: bind it with --shape {inp.name}={pattern}")
         bound[inp.name] = tuple(shape)
-    for pos_name, value in learned.items():
-        if value < 0:
-            raise InputError(f"{label}: dim '{pos_name}' bound to a negative size {value}")
+    missing = {n: where for n, where in known.items() if n not in learned}
+    if missing or unnamed:
+        parts = []
+        if missing:
+            uses = "; ".join(
+                f"'{n}' ({', '.join(f'input {i!r} dim {a}' for i, a in w)})" for n, w in missing.items()
+            )
+            parts.append(
+                f"{len(missing)} symbolic dim(s) are unbound: {uses}; bind them with {dim_line(missing)}"
+            )
+            first = next(i for i in inputs if i.name == next(iter(missing.values()))[0][0])
+            if all(i == first.name for w in missing.values() for i, _ in w):  # one input holds them all
+                hint = (
+                    _dim_hint(d, d.dim_param in missing, learned) for d in first.type.tensor_type.shape.dim
+                )
+                parts[-1] += f" or --shape {first.name}=" + "x".join(hint)
+        raise InputError(
+            f"{label}: " + "; ".join(parts + unnamed) + " (mcpc inspect-model MODEL shows every input)"
+        )
+    for inp in inputs:
+        _check_empty(graph, inp, bound[inp.name], learned, shapes, usage)
     return bound
 
 
 def _dim_hint(d, is_this: bool, learned: dict[str, int]) -> str:
-    """How one dim reads in the suggested ``--shape`` value: its size when known, N for the one
-    being reported, its param name (or ?) for other unknowns."""
-    if is_this:
-        return "N"
+    """How one dim reads in a suggested ``--shape`` value: its size when known, N for one to
+    choose, its param name (or ?) for other unknowns."""
     if d.HasField("dim_value"):
         return str(d.dim_value)
+    if is_this:
+        return "N"
     return str(learned.get(d.dim_param, d.dim_param or "?"))
+
+
+def _check_empty(graph, inp, shape, learned, shapes, usage) -> None:
+    """UsageError when a user binding makes ``inp`` empty along an axis where it may not be."""
+    tt = inp.type.tensor_type
+    declared = list(tt.shape.dim) if tt.HasField("shape") else []
+    for axis, size in enumerate(shape):
+        if size != 0 or (axis < len(declared) and declared[axis].HasField("dim_value")):
+            continue  # nonzero, or a 0 the model itself fixes
+        if may_be_empty(graph, inp.name, axis, len(shape)):
+            continue
+        param = declared[axis].dim_param if axis < len(declared) else ""
+        given = f"--dim {param}=0" if param and inp.name not in shapes else ""
+        if not given:
+            given = f"--shape {inp.name}={'x'.join(map(str, shape))}"
+        raise usage(
+            f"{given} makes input '{inp.name}' empty along dim {axis}, but the model computes on it "
+            "(only inputs whose every use is a Concat along that dim, like a KV cache's past_key, "
+            "or a Shape may be empty)"
+        )
 
 
 def _onnx_shapes(

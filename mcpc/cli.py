@@ -31,7 +31,13 @@ from mcpc.cli_guard import (  # noqa: F401  (re-exported: where commands were al
     _stderr_console,
     _stdout_console,
 )
-from mcpc.cli_tools import check_command, conformance_command, disasm_command, inspect_command
+from mcpc.cli_tools import (
+    check_command,
+    conformance_command,
+    disasm_command,
+    inspect_command,
+    inspect_model_command,
+)
 
 # -- option parsing (click.BadParameter -> exit 2) ---------------------------------------------
 
@@ -53,13 +59,12 @@ def _parse_shapes(ctx, param, items) -> dict[str, tuple[int, ...]] | None:
             raise click.BadParameter(
                 f"{item!r}: shape must be sizes joined by 'x', e.g. 1x128", param=param
             ) from None
-        if any(d < 0 for d in dims):
-            raise click.BadParameter(f"{item!r}: sizes must be >= 0", param=param)
         shapes[name] = dims
     return shapes or None
 
 
 def _parse_dims(ctx, param, items) -> dict[str, int] | None:
+    # sizes are checked against the model (negative, unknown name, empty input) when it is bound
     dims = {}
     for item in items:
         name, value = _split_assignment(param, item)
@@ -67,8 +72,6 @@ def _parse_dims(ctx, param, items) -> dict[str, int] | None:
             dims[name] = int(value)
         except ValueError:
             raise click.BadParameter(f"{item!r}: size must be an integer", param=param) from None
-        if dims[name] < 0:
-            raise click.BadParameter(f"{item!r}: size must be >= 0", param=param)
     return dims or None
 
 
@@ -259,6 +262,7 @@ cli.add_command(compile_command)
 cli.add_command(targets_command)
 cli.add_command(disasm_command)
 cli.add_command(inspect_command)
+cli.add_command(inspect_model_command)
 if _has_module("mcpc.check") and _has_module("mcpc.sim.api"):
     cli.add_command(check_command)
 if _has_module("mcpc.examples"):

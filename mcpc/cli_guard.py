@@ -23,6 +23,7 @@ Exit codes:
   3   bad input (ONNX, IR, config, target, .mcpb, missing file)
   4   unsupported op or dtype
   5   simulator trap
+  6   does not fit the target (DRAM, SRAM: --set, a bigger target, smaller dims)
   7   numeric fault (NaN or overflow in the simulated program)
   70  internal error (please report; MCPC_DEBUG=1 shows the traceback)
 """

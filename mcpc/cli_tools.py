@@ -21,22 +21,37 @@ from mcpc.fileio import read_npz
 @click.argument("program", type=click.Path(path_type=Path, dir_okay=False), metavar="PROG.mcpb")
 @click.option("--inputs", "inputs_path", required=True, type=click.Path(path_type=Path, dir_okay=False),
               help="Inputs as an .npz with one array per model input.")  # fmt: skip
-@click.option("--rtol", type=float, help="Relative tolerance (default: the build's, from the .mcpb).")
-@click.option("--atol", type=float, help="Absolute tolerance (default: the build's, from the .mcpb).")
-@click.option("--min-cosine", type=float, help="Also require this cosine similarity per output.")
+@click.option("--max-norm-err", type=float, help="Max |y - r| / max |r| per output (default: the build's).")
+@click.option("--min-cosine", type=float, help="Min cosine similarity per output (default: the build's).")
+@click.option(
+    "--min-top1", type=float, help="Min argmax agreement of logits outputs, 0..1 (default: the build's)."
+)
+@click.option("--rtol", type=float, help="Also require every element within atol + rtol * |reference|.")
+@click.option("--atol", type=float, help="Absolute part of that element-wise bound.")
+@click.option(
+    "--mask", "mask", metavar="INPUT", help="Score only positions where this [batch, seq] input is 1."
+)
+@click.option("--ignore-outputs", metavar="A,B", help="Comma-separated outputs not to compare.")
 @click.option("--entry", default="main", show_default=True, help="Entry point to run.")
 @click.option(
     "--json", "json_path", type=click.Path(path_type=Path, dir_okay=False), help="Write the report."
 )
-def check_command(model, program, inputs_path, rtol, atol, min_cosine, entry, json_path):
+def check_command(
+    model, program, inputs_path, max_norm_err, min_cosine, min_top1, rtol, atol, mask, ignore_outputs, entry,
+    json_path,
+):  # fmt: skip
     """Compare PROG on the simulator with MODEL on ONNX Runtime.
 
-    Per output: normalized max error, max abs error, cosine; exits 1 when any element is outside
-    atol + rtol * |reference| (or a cosine is below --min-cosine), 7 when the simulated run
+    Per output: normalized max error (max |y - r| / max |r|), max abs error, cosine, and top-1
+    agreement for logits (last axis = vocabulary); exits 1 when one is outside the build's
+    tolerances (the QAT config's check section) or an option's.  --mask attention_mask scores
+    only the [batch, seq] positions whose mask is 1 (outputs laid out [batch, seq, ...] or
+    [batch, heads, seq, head_dim]; others whole). Exits 7 when the simulated run
     produced a NaN or overflowed to infinity (naming the first instruction and its ONNX node).
     """
     import json
 
+    from rich.measure import Measurement
     from rich.table import Table
 
     from mcpc import check, driver
@@ -46,23 +61,39 @@ def check_command(model, program, inputs_path, rtol, atol, min_cosine, entry, js
     for path in (model, program, inputs_path):
         if not path.is_file():
             raise InputError(f"{path}: no such file")
-    report = check.check(model, program, read_npz(inputs_path), rtol, atol, min_cosine, entry)
+    ignored = tuple(n.strip() for n in (ignore_outputs or "").split(",") if n.strip())
+    report = check.check(
+        model, program, read_npz(inputs_path), rtol, atol, min_cosine, entry,
+        max_norm_err=max_norm_err, min_top1=min_top1, mask=mask, ignore_outputs=ignored,
+    )  # fmt: skip
     if json_path is not None:
         driver.write_atomic(json_path, json.dumps(report, indent=2, sort_keys=True) + "\n")
-    table = Table(title=f"check: rtol {report['rtol']:g}, atol {report['atol']:g}", title_justify="left")
-    for column in ("output", "shape", "norm max err", "max abs err", "cosine", "violations", "result"):
-        table.add_column(column, justify="left" if column in ("output", "shape", "result") else "right")
+    tol = check.Tolerances.from_mapping(report["tolerances"])
+    title = f"check: {tol.describe()}" + (f"; scored where {mask} is 1" if mask else "")
+    table = Table(title=title, title_justify="left")
+    columns = ("output", "shape", "scored", "norm max err", "max abs err", "cosine", "top-1", "result")
+    for column in columns:
+        left = column in ("output", "shape", "scored", "result")
+        table.add_column(column, justify="left" if left else "right", no_wrap=True)
     for r in report["outputs"]:
-        table.add_row(r["name"], "x".join(map(str, r["shape"])), f"{r['norm_max_err']:.3g}",
-                      f"{r['max_abs_err']:.3g}", f"{r['cosine']:.6f}", str(r["violations"]),
-                      "ok" if r["passed"] else "FAIL")  # fmt: skip
-    _stdout_console().print(table)
+        axes = r["masked_axes"]
+        scored = f"{r['scored']} (mask on axes {','.join(map(str, axes))})" if axes else "all"
+        top1 = "-" if r["top1"] is None else f"{100 * r['top1']:.2f}%"
+        table.add_row(r["name"], "x".join(map(str, r["shape"])), scored, f"{r['norm_max_err']:.3g}",
+                      f"{r['max_abs_err']:.3g}", f"{r['cosine']:.6f}", top1,
+                      "ok" if r["passed"] else "FAIL: " + "; ".join(r["reasons"]))  # fmt: skip
+    for name in report["ignored"]:
+        table.add_row(name, "", "", "", "", "", "", "ignored")
+    console = _stdout_console()
+    width = Measurement.get(console, console.options.update(max_width=100_000), table).maximum
+    console.width = max(console.width, width)  # full output names and reasons, never truncated
+    console.print(table)
     problem = numeric_message(report.get("numeric") or {})
     if problem:  # a NaN or an overflow is a fault even when the outputs happen to be within tolerance
         raise NumericFault(f"{program}: {problem}")
     if not report["passed"]:
-        failed = [r["name"] for r in report["outputs"] if not r["passed"]]
-        raise CheckFailed(f"{program}: outputs {', '.join(failed)} are outside tolerance against {model}")
+        failed = [f"{r['name']} ({'; '.join(r['reasons'])})" for r in report["outputs"] if not r["passed"]]
+        raise CheckFailed(f"{program}: outputs outside tolerance against {model}: {', '.join(failed)}")
 
 
 @click.command("disasm", cls=GuardedCommand)
@@ -131,6 +162,20 @@ def inspect_command(program):
         f"DRAM {mm.get('dram_size', '?')} bytes in {regions} regions, constants {len(prog.constants)} bytes "
         f"({len(consts)} stored, {shared} shared references), planned SRAM peak {peak} bytes"
     )
+
+
+@click.command("inspect-model", cls=GuardedCommand)
+@click.argument("model", type=click.Path(path_type=Path, dir_okay=False), metavar="MODEL.onnx")
+@click.option("--json", "as_json", is_flag=True, help="Print the description as JSON.")
+def inspect_model_command(model, as_json):
+    """Describe MODEL before compiling: inputs and outputs (dtypes, symbolic dims), opset, op
+    histogram with what mcpc supports, initializer bytes and the --dim line to bind its dims."""
+    import json
+
+    from mcpc.inspect_model import describe_model, format_model
+
+    info = describe_model(model)
+    click.echo(json.dumps(info, indent=2) if as_json else format_model(info), nl=as_json)
 
 
 @click.command("conformance", cls=GuardedCommand)

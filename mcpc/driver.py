@@ -50,19 +50,20 @@ def _emit_suffix(emit: str) -> str:
     return EMIT_SUFFIX[emit]
 
 
-def load_model(path: str | Path, shapes: dict | None = None, dims: dict | None = None):
+def load_model(path: str | Path, shapes: dict | None = None, dims: dict | None = None, dram_bytes=None):
     """Import an ONNX file into an MCP IR ``Module``, binding symbolic dims.
 
     ``shapes`` maps an input name to its full shape (``{"input_ids": (1, 128)}``), ``dims`` a
     symbolic dim name to a size everywhere (``{"seq": 128}``).  Raises InputError for a missing
-    or malformed file or an unbound dim, UnsupportedError naming every unsupported node.
+    or malformed file or unbound dims, UsageError for a bad binding, UnsupportedError naming every
+    unsupported node; with ``dram_bytes`` (a target's DRAM), DoesNotFit for inputs larger than it.
     """
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such model file")
     from mcpc.ir.onnx_import import import_onnx
 
-    return import_onnx(str(path), shapes, dims)
+    return import_onnx(str(path), shapes, dims, dram_bytes=dram_bytes)
 
 
 def load_qat_config(qat_config):
@@ -140,7 +141,10 @@ def compile(  # noqa: A001 - the public API name (mcpc.compile) is part of the s
     config = load_qat_config(qat_config)
     pipeline = resolve_passes(config, passes)
     tgt = load_target(target, overrides)
-    module = load_model(model, shapes, dims) if isinstance(model, (str, Path)) else model
+    if isinstance(model, (str, Path)):
+        module = load_model(model, shapes, dims, dram_bytes=tgt.dram.size_bytes)
+    else:
+        module = model
 
     pm = PassManager(pipeline, print_ir_after_all=print_ir_after_all, time_passes=time_passes)
     module = pm.run(module, PassContext(target=tgt, config=config))
@@ -197,7 +201,7 @@ def _compile_to_program(module, target, config, pipeline, model):
 
     options = {
         "precision": config.name,
-        "tolerances": {"rtol": config.check.rtol, "atol": config.check.atol},
+        "tolerances": config.check.tolerances(),
         "passes": [format_pass(p) for p in pipeline],
         "source_model": Path(model).name if isinstance(model, (str, Path)) else None,
         "qat_config": config,

@@ -4,9 +4,9 @@ Every message names what the user can act on: the file, the ONNX node, the IR op
 or the instruction address.  The CLI catches ``McpcError`` once and prints ``message`` without a
 traceback; anything else is an internal error (exit 70).
 
-Exit codes (documented in the README and ``mcpc --help``):
+Exit codes (documented in the README, ``docs/cli.md`` and ``mcpc --help``):
     0 ok, 1 check failed, 2 usage, 3 bad input, 4 unsupported, 5 simulator trap,
-    7 numeric fault, 70 internal.
+    6 does not fit the target, 7 numeric fault, 70 internal (our bugs only).
 """
 
 EXIT_OK = 0
@@ -15,6 +15,7 @@ EXIT_USAGE = 2
 EXIT_BAD_INPUT = 3
 EXIT_UNSUPPORTED = 4
 EXIT_SIM_TRAP = 5
+EXIT_DOES_NOT_FIT = 6
 EXIT_NUMERIC = 7
 EXIT_INTERNAL = 70
 
@@ -70,6 +71,18 @@ class PassError(McpcError):
     """A pass could not transform the module; names the pass and the op."""
 
 
+class DoesNotFit(PassError):
+    """The model, as bound, needs more of a target resource (DRAM, SRAM, an instruction field's
+    range) than the target has: the user's choice of target or dims, not our bug (exit 6).
+
+    The message says what did not fit, by how much, and what to change (a ``--set`` key, a bigger
+    target, smaller ``--dim``/``--shape`` bindings).  A subclass of PassError so a lowering that
+    tries several SRAM regions still catches it; ``does_not_fit`` builds the usual message.
+    """
+
+    exit_code = EXIT_DOES_NOT_FIT
+
+
 class EncodeError(McpcError):
     """An instruction field does not fit its encoding; names the instruction and field."""
 
@@ -91,3 +104,37 @@ class CheckFailed(McpcError):
     """``mcpc check`` found outputs outside tolerance."""
 
     exit_code = EXIT_CHECK_FAILED
+
+
+def _size(n: int) -> str:
+    """``n`` bytes as the exact count plus a binary-prefixed figure (``1048576 bytes (1 MiB)``)."""
+    value, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if value < 1024 or unit == "EiB":
+            break
+        value /= 1024
+    return f"{n} bytes" if unit == "B" else f"{n} bytes ({value:.4g} {unit})"
+
+
+def does_not_fit(
+    what: str, need: int, have: int, resource: str, key: str, target: str = "the target"
+) -> DoesNotFit:
+    """A ``DoesNotFit`` for ``what`` needing ``need`` bytes of ``resource`` where ``target`` has
+    ``have``: by how much, and the three ways out (``--set key=...``, a bigger target, smaller dims).
+    Past what the instruction set addresses (no target can have more) only smaller dims help."""
+    from mcpc.arch.target import DRAM_ADDRESS_BYTES, SRAM_ADDRESS_BYTES
+
+    limit = {"dram.size_bytes": DRAM_ADDRESS_BYTES, "sram.size_bytes": SRAM_ADDRESS_BYTES}.get(key)
+    text = (
+        f"does not fit the target: {what} needs {_size(need)} of {resource}, {target} has {_size(have)} "
+        f"({_size(need - have)} short)."
+    )
+    if limit is not None and need > limit:
+        return DoesNotFit(
+            f"{text} That is more {resource} than the instruction set addresses ({_size(limit)}), so "
+            "no target can hold it: bind smaller dims (--dim NAME=N, --shape INPUT=AxB)."
+        )
+    return DoesNotFit(
+        f"{text} To fit, raise it with --set {key}=N (N at least {need}), choose a target with more "
+        f"{resource} (mcpc targets), or bind smaller dims (--dim NAME=N, --shape INPUT=AxB)."
+    )

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from mcpc.arch.dtypes import DTYPES, tile_bytes
-from mcpc.errors import PassError
+from mcpc.errors import DoesNotFit, PassError, does_not_fit
 from mcpc.ir.core import Module
 from mcpc.ir.ops import MatMulOp
 from mcpc.passes.manager import Pass, PassContext, register_pass
@@ -126,7 +126,15 @@ def choose_tile(batch: int, m: int, n: int, k: int, in_dtype: str, out_dtype: st
             tile = (min(m, t), min(n, t), min(k, t))
             if slot_bytes(*tile, in_dtype, out_dtype, align) <= budget:
                 return tile
-        raise PassError(f"tile-matmul: not even a 1x1x1 tile of a {m}x{n}x{k} matmul fits {budget} bytes")
+        need = slot_bytes(1, 1, 1, in_dtype, out_dtype, align)
+        raise does_not_fit(
+            f"tile-matmul: a 1x1x1 tile of a {m}x{n}x{k} matmul (double-buffered)",
+            need,
+            budget,
+            "SRAM",
+            "sram.size_bytes",
+            f"target {target.name}",
+        )
     return best
 
 
@@ -162,6 +170,8 @@ class TileMatmulPass(Pass):
                 continue
             try:
                 tile = choose_tile(batch, m, n, k, a.dtype.name, out.dtype.name, target)
+            except DoesNotFit as exc:
+                raise DoesNotFit(f"{op.describe()}: {exc.message}") from None
             except PassError as exc:
                 raise PassError(f"{exc.message} ({op.describe()})") from None
             op.attrs["tile"] = [int(t) for t in tile]

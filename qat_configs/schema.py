@@ -7,7 +7,7 @@ A config file::
     description: fp16 weights and activations, fp32 accumulation
     precision: {weights: f16, activations: f16, accumulate: f32}   # f32_islands: [norm_stats, ...]
     pipeline: fp16                  # a preset name (mcpc.passes.presets) or pipeline text
-    check: {rtol: 2.0e-2, atol: 1.0e-2}
+    check: {max_norm_err: 5.0e-2, min_cosine: 0.999, min_top1: 0.99}
 
 How it grows: each top-level section is one pydantic model, and ``QatConfig`` lists the sections.
 A new section (the quantization issue adds ``quantization:`` with ``weights: {bits, group_size,
@@ -84,11 +84,26 @@ class Precision(_Section):
 
 
 class Check(_Section):
-    """Tolerances the build is checked with: every element meets |y - r| <= atol + rtol * |r|."""
+    """Tolerances ``mcpc check`` applies to every output of the build (mcpc.check): normalized max
+    error max|y - r| / max|r| <= ``max_norm_err``, cosine >= ``min_cosine``, argmax agreement of
+    logits-like outputs >= ``min_top1`` and, when ``rtol`` or ``atol`` is set, every element within
+    atol + rtol * |r|.  A criterion left out is not applied; at least one must be given."""
 
-    rtol: float = Field(ge=0)
-    atol: float = Field(ge=0)
+    max_norm_err: float | None = Field(default=None, ge=0)
     min_cosine: float | None = Field(default=None, ge=-1, le=1)
+    min_top1: float | None = Field(default=None, ge=0, le=1)
+    rtol: float | None = Field(default=None, ge=0)
+    atol: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _some_criterion(self) -> Check:
+        if self.max_norm_err is None and self.min_cosine is None and self.rtol is None and self.atol is None:
+            raise ValueError("give at least one of max_norm_err, min_cosine, rtol, atol")
+        return self
+
+    def tolerances(self) -> dict[str, float]:
+        """The criteria that are set, as recorded in the .mcpb META ``tolerances``."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
 class QatConfig(_Section):

@@ -19,7 +19,7 @@ from mcpc.arch.dtypes import FLOAT_DTYPES, NUMPY_DTYPES
 from mcpc.arch.isa import ENGINES
 from mcpc.errors import InputError, SimTrap
 
-from . import numeric
+from . import fastpath, numeric
 from .loader import LoadedProgram, from_program, load_program
 from .machine import PACKED, Machine, nbytes, pack4, unpack4
 from .profile import build_profile, trace_events
@@ -114,9 +114,18 @@ def _check_range(b: dict, arr: np.ndarray) -> None:
 
 
 def run_program(
-    program: LoadedProgram, inputs: dict[str, np.ndarray], entry: str = "main", trace: bool = False
+    program: LoadedProgram,
+    inputs: dict[str, np.ndarray],
+    entry: str = "main",
+    trace: bool = False,
+    timing_only: bool = False,
 ) -> SimResult:
     """Run entry point ``entry`` on ``inputs`` (name -> array) and collect outputs and the profile.
+
+    With ``timing_only`` no value is computed: the inputs are checked (names, shapes, dtypes,
+    ranges) but not stored, and the outputs dict is empty; cycles, profile and trace are exactly
+    those of the functional run (costs are static).  Traps that depend on data (a gather index
+    out of range, an integer to a negative power) are not detected in that mode.
 
     Raises InputError for an unknown entry, a missing or mis-shaped input (named), and SimTrap
     (naming the instruction address, mnemonic and ONNX node) when the program traps or deadlocks.
@@ -124,26 +133,38 @@ def run_program(
     order, io = _bindings(program, entry)
     src = program.source
     t = program.target
-    m = Machine(program.dram_size, t.sram.size_bytes)
-    consts = np.frombuffer(program.program.constants, dtype=np.uint8)
-    for dram, offset, length in program.const_places:
-        m.dram[dram : dram + length] = consts[offset : offset + length]
     in_bindings = io.get("inputs", [])
     missing = [b["name"] for b in in_bindings if b["name"] not in inputs]
     if missing:
         names = ", ".join(b["name"] for b in in_bindings)
         raise InputError(f"inputs are missing {', '.join(missing)} (entry {entry!r} needs {names})")
+    writes = []
     for b in in_bindings:
         dt, shape = _dtype(b, src), _shape(b, src)
         arr = _coerce(b["name"], inputs[b["name"]], dt, shape, b["dtype"])
         _check_range(b, arr)
         raw = pack4(arr.reshape(-1)) if b["dtype"] in PACKED else arr.view(np.uint8).reshape(-1)
-        addr = _check_region(b, raw.size, m.dram_size, src)
-        m.dram[addr : addr + raw.size] = raw
+        writes.append((_check_region(b, raw.size, program.dram_size, src), raw))
+    if timing_only:
+        m, recs = Machine(program.dram_size, t.sram.size_bytes), program.timing_recs()
+    else:
+        plan = fastpath.plan(program, entry, order, [(a, a + raw.size) for a, raw in writes])
+        if plan is None:  # a fresh machine: the constants copied in, everything else zero
+            m, recs = Machine(program.dram_size, t.sram.size_bytes), program.recs
+            consts = np.frombuffer(program.program.constants, dtype=np.uint8)
+            for dram, offset, length in program.const_places:
+                m.dram[dram : dram + length] = consts[offset : offset + length]
+        else:  # the program's machine, restored to the same state
+            m, recs = fastpath.machine_for_run(program, plan), plan.recs
+            for addr, raw in writes:
+                fastpath.wrote(program, addr, addr + raw.size)
+        for addr, raw in writes:
+            m.dram[addr : addr + raw.size] = raw
+    m.numeric = []  # a program's machine is reused from run to run
     try:
         # numpy's own overflow warnings would be noise: the numeric guards count and attribute them
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            issue, done, stall, tokens_left = simulate(program.recs, order, m)
+            issue, done, stall, tokens_left = simulate(recs, order, m)
     except Faulted as exc:
         raise SimTrap(f"{src}: {program.describe(exc.index)}: {exc.message}") from None
     except Deadlock as exc:
@@ -153,7 +174,7 @@ def run_program(
         )
         raise SimTrap(f"{src}: token deadlock in entry {entry!r}: {blocked}") from None
     outputs = {}
-    for b in io.get("outputs", []):
+    for b in [] if timing_only else io.get("outputs", []):
         dt, shape = _dtype(b, src), _shape(b, src)
         count = int(np.prod(shape, dtype=np.int64))
         size = nbytes(b["dtype"], count)
@@ -165,7 +186,8 @@ def run_program(
         outputs[b["name"]] = flat.reshape(shape)
     profile = build_profile(program, entry, order, issue, done, stall)
     profile["tokens_left"] = tokens_left
-    profile["numeric"] = numeric.report(program, m.numeric, outputs)
+    # no values in a timing-only run: nothing to check (None, not a "clean" that was never checked)
+    profile["numeric"] = None if timing_only else numeric.report(program, m.numeric, outputs)
     events = trace_events(program, entry, order, issue) if trace else None
     return SimResult(outputs=outputs, profile=profile, trace_events=events)
 

@@ -54,6 +54,21 @@ class _Guarded(click.Command):
             raise click.exceptions.Exit(err.exit_code) from None
 
 
+def _require_no_inputs(loaded, entry: str, program: Path) -> None:
+    """UsageError when ``entry`` takes inputs but neither --inputs nor --random-inputs was given."""
+    io = loaded.io.get(entry, {}) if isinstance(loaded.io, dict) else {}
+    needed = [b for b in io.get("inputs", []) if isinstance(b, dict)]
+    if needed:
+        listed = ", ".join(
+            f"{b.get('name')} ({b.get('dtype')} {'x'.join(map(str, b.get('shape', []))) or 'scalar'})"
+            for b in needed
+        )
+        raise UsageError(
+            f"{program}: entry {entry!r} takes inputs {listed}: give them with --inputs IN.npz (one array "
+            "per input name), or simulate on generated values with --random-inputs [--seed N]"
+        )
+
+
 @click.group("sim")
 def sim_group():
     """Run compiled .mcpb programs on the MCP 2026 simulator."""
@@ -86,12 +101,27 @@ def sim_group():
 )
 @click.option("--entry", default="main", show_default=True, help="Entry point to run.")
 @click.option(
+    "--timing-only",
+    is_flag=True,
+    help="Cycles, profile and trace without computing values (no --outputs; data-dependent traps "
+    "such as a gather index out of range are not detected).",
+)
+@click.option(
     "--strict",
     is_flag=True,
     help="Exit 7 when the run produced a NaN or overflowed to infinity, or an output is not finite.",
 )
 def run_command(
-    program, inputs_path, random_inputs, seed, outputs_path, profile_json, trace_path, entry, strict
+    program,
+    inputs_path,
+    random_inputs,
+    seed,
+    outputs_path,
+    profile_json,
+    trace_path,
+    entry,
+    timing_only,
+    strict,
 ):
     """Simulate PROGRAM (.mcpb) and print cycles, latency, traffic, utilisation and top nodes."""
     from rich.console import Console
@@ -104,6 +134,8 @@ def run_command(
 
     if inputs_path and random_inputs:
         raise UsageError("give either --inputs or --random-inputs, not both")
+    if timing_only and outputs_path:
+        raise UsageError("--outputs needs the values: a --timing-only run computes none")
     loaded = load_program(program)
     if inputs_path:
         inputs = read_npz(inputs_path)
@@ -111,7 +143,8 @@ def run_command(
         inputs = make_random(loaded, entry, seed)
     else:
         inputs = {}
-    result = run_program(loaded, inputs, entry=entry, trace=trace_path is not None)
+        _require_no_inputs(loaded, entry, program)
+    result = run_program(loaded, inputs, entry=entry, trace=trace_path is not None, timing_only=timing_only)
     if outputs_path:
         write_atomic(outputs_path, _npz_bytes(result.outputs))
     if profile_json:
@@ -124,6 +157,6 @@ def run_command(
         }
         write_atomic(trace_path, json.dumps(doc, separators=(",", ":")).encode("utf-8"))
     render_summary(result.profile, Console(soft_wrap=True, highlight=False), source=program.name)
-    problem = numeric_message(result.profile["numeric"])
+    problem = numeric_message(result.profile["numeric"] or {})
     if strict and problem:
         raise NumericFault(f"{program}: {problem}")

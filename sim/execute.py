@@ -21,10 +21,21 @@ from typing import Any
 import numpy as np
 
 from mcpc.arch.isa import Instr
-from mcpc.arch.numerics import NUMPY_DTYPES, binary, cast, matmul_tile, row_reduce, select, unary
+from mcpc.arch.numerics import (
+    NUMPY_DTYPES,
+    binary,
+    cast,
+    matmul_in_f64,
+    matmul_prepared,
+    matmul_tile,
+    row_reduce,
+    select,
+    tile_operand,
+    unary,
+)
 
 from .decode import Decoded
-from .machine import PACKED, Fault, Machine, dram_rows, nbytes, pack4, sram_extent, unpack4, view
+from .machine import PACKED, Fault, Machine, dram_check, dram_rows, nbytes, pack4, sram_extent, unpack4, view
 
 Handler = Callable[[Machine, tuple], None]
 _U8 = np.dtype(np.uint8)
@@ -99,6 +110,36 @@ def _matmul(m: Machine, a: tuple) -> None:
     c[...] = (c + part) if acc else part  # f32 accumulation, exactly numerics.matmul_2d's `c += part`
 
 
+def _matmul_cached(m: Machine, a: tuple) -> None:
+    """``_matmul`` whose operands may come from a slot shared across runs (``sim/fastpath.py``): a
+    slot ``[value]`` is given only for an operand that holds the same constant bytes in every run,
+    so its prepared (widened, contiguous) tile is computed once; ``value`` None = not yet."""
+    A, B, C, trans_b, acc, in_f64, slot_a, slot_b = a
+    s = m.sram
+    wa = slot_a[0] if slot_a is not None else None
+    if wa is None:
+        wa = _prepared(tile_operand(_get(s, A), in_f64), slot_a, s)
+    wb = slot_b[0] if slot_b is not None else None
+    if wb is None:
+        b = _get(s, B)
+        wb = _prepared(tile_operand(b.T if trans_b else b, in_f64), slot_b, s)
+    part = matmul_prepared(wa, wb, in_f64)
+    c = view(s, *C[:6])
+    c[...] = (c + part) if acc else part
+
+
+def _prepared(w: np.ndarray, slot: list | None, s: np.ndarray) -> np.ndarray:
+    if slot is not None:  # a copy when it is a view of SRAM (an f32 contiguous operand)
+        slot[0] = w.copy() if np.may_share_memory(w, s) else w
+    return w
+
+
+def cached_matmul(args: tuple, slot_a: list | None, slot_b: list | None) -> tuple[Handler, tuple]:
+    """``(handler, args)`` of a matmul (``args`` as ``compile_instr`` made them) with operand slots."""
+    A, B, C, trans_b, acc = args
+    return _matmul_cached, (A, B, C, trans_b, acc, matmul_in_f64(A[5], B[5], A[2]), slot_a, slot_b)
+
+
 def _vbin(m: Machine, a: tuple) -> None:
     func, S0, S1, D, out = a
     s = m.sram
@@ -138,6 +179,31 @@ def _transpose(m: Machine, a: tuple) -> None:
     S, D = a
     s = m.sram
     view(s, *D[:6])[...] = np.array(view(s, *S[:6]).T, copy=True)
+
+
+def _dma_check(m: Machine, a: tuple) -> None:
+    """Timing-only twin of load/store: the DRAM address check alone (the register offset is data
+    independent: only ``setr`` writes registers)."""
+    dram_check(m, a[0] + m.regs[a[1]], a[2], a[3], a[4])
+
+
+# Which argument of each compute handler is its (SRAM) destination operand, which ones it reads
+# (matmul also reads C when accumulating; vsel keeps D where the condition is false).
+DESTINATION = {_matmul: 2, _vbin: 3, _vbini: 4, _vun: 2, _vred: 2, _vsel: 2, _fill0: 0, _transpose: 1}
+SOURCES = {_matmul: (0, 1), _vbin: (1, 2), _vbini: (1,), _vun: (1,), _vred: (1,), _vsel: (0, 1, 2)}
+SOURCES.update({_fill0: (), _transpose: (0,)})
+LOAD, STORE, GATHER, MATMUL, SETR, TRAP, NOP = _load, _store, _gather, _matmul, _setr, _trap, _nop
+_TIMING_TWINS = {_load: _dma_check, _store: _dma_check, _setr: _setr, _trap: _trap, _nop: _nop}
+_TIMING_TWINS.update(dict.fromkeys((_gather, _matmul, _matmul_cached, *DESTINATION), _nop))
+
+
+def timing_twin(fn: Handler) -> Handler:
+    """The handler a timing-only run executes instead of ``fn``: register writes, static traps and
+    DMA address checks stay, every value computation becomes a no-op.  Cycles do not depend on
+    values (instr_cost is static), so the run's issue and completion times are unchanged; traps
+    that depend on data (a gather index out of range, an integer to a negative power) are not
+    detected.  A handler not listed here runs as itself (it may write registers)."""
+    return _TIMING_TWINS.get(fn, fn)
 
 
 # -- compilation -------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from mcpc.errors import InputError, McpcError
 
 from . import numeric
 from .decode import fast_decode
-from .execute import compile_instr, illegal
+from .execute import compile_instr, illegal, timing_twin
 from .machine import nbytes
 from .timing import instr_cost
 
@@ -65,6 +65,14 @@ class LoadedProgram:
     ir_op_of: np.ndarray
     ir_ops: list[str]
     const_places: list[tuple[int, int, int]] = field(default_factory=list)  # (dram, cnst offset, bytes)
+    _timing_recs: list[tuple] | None = field(default=None, repr=False)
+    _fast: object = field(default=None, repr=False)  # sim/fastpath.State, made on the first run
+
+    def timing_recs(self) -> list[tuple]:
+        """``recs`` with every handler replaced by its timing-only twin (built on first use)."""
+        if self._timing_recs is None:
+            self._timing_recs = [r[:3] + (timing_twin(r[3]),) + r[4:] for r in self.recs]
+        return self._timing_recs
 
     @property
     def meta(self) -> dict:
@@ -247,7 +255,10 @@ def _check_memory_map(p: LoadedProgram) -> list[tuple[int, int, int]]:
             f"{p.target.dram.size_bytes}"
         )
     places, offset = [], 0
-    for region in mm.get("regions") or []:
+    regions = mm.get("regions") or []
+    if not isinstance(regions, list):
+        raise InputError(f"{src}: memory map regions must be a list, not {regions!r}")
+    for region in regions:
         ok = isinstance(region, dict) and all(isinstance(region.get(k), int) for k in ("dram", "bytes"))
         if not ok or region["dram"] < 0 or region["bytes"] < 0 or region["dram"] + region["bytes"] > size:
             raise InputError(f"{src}: memory map region {region!r} lies outside DRAM of {size} bytes")

@@ -58,13 +58,18 @@ def view(buf: np.ndarray, addr: int, rows: int, cols: int, row_step: int, col_st
     return np.ndarray((rows, cols), dtype=dt, buffer=buf, offset=addr, strides=(row_step, col_step))
 
 
-def dram_rows(m: Machine, addr: int, rows: int, row_bytes: int, stride: int) -> np.ndarray:
-    """A (rows, row_bytes) uint8 view of DRAM; Fault if any byte lies outside DRAM."""
+def dram_check(m: Machine, addr: int, rows: int, row_bytes: int, stride: int) -> None:
+    """Fault if any byte of the (rows, row_bytes) DRAM block at ``addr`` lies outside DRAM."""
     hi = addr + (rows - 1) * stride + row_bytes if rows > 0 and row_bytes > 0 else addr
     if addr < 0 or hi > m.dram_size:
         raise Fault(
             f"DRAM address out of range: bytes [{addr:#x}, {hi:#x}) outside DRAM [0, {m.dram_size:#x})"
         )
+
+
+def dram_rows(m: Machine, addr: int, rows: int, row_bytes: int, stride: int) -> np.ndarray:
+    """A (rows, row_bytes) uint8 view of DRAM; Fault if any byte lies outside DRAM."""
+    dram_check(m, addr, rows, row_bytes, stride)
     return np.ndarray(
         (rows, row_bytes), dtype=np.uint8, buffer=m.dram, offset=max(addr, 0), strides=(stride, 1)
     )

@@ -27,6 +27,7 @@ import numpy as np
 
 from mcpc.arch.numerics import NUMPY_DTYPES
 
+from . import execute as _ex
 from .execute import _Bounds, _get, _nop, _trap
 from .machine import Fault, Machine
 
@@ -122,6 +123,17 @@ def _at_limit(x: np.ndarray, dtype: str) -> np.ndarray:
         return np.zeros(x.shape, bool)
     with np.errstate(invalid="ignore"):
         return np.abs(x.astype(np.float32)) == big
+
+
+def unwrap(fn, args) -> tuple:
+    """The handler and arguments a guarded record runs (themselves when not guarded), for analyses
+    of the records (``fastpath``) that know the handlers of ``execute``."""
+    return (args[0], args[1]) if fn is _guarded else (fn, args)
+
+
+def rewrap(fn, args, new_fn, new_args) -> tuple:
+    """``(handler, args)`` running ``new_fn(new_args)`` with the guard of record ``(fn, args)``."""
+    return (_guarded, (new_fn, new_args, *args[2:])) if fn is _guarded else (new_fn, new_args)
 
 
 def _guarded(m: Machine, a: tuple) -> None:
@@ -239,3 +251,6 @@ def message(numeric: dict) -> str | None:
     for o in numeric.get("outputs", []):
         parts.append(f"output {o['name']!r} holds {o['nans']} NaN(s) and {o['infs']} infinite value(s)")
     return "; ".join(parts)
+
+
+_ex._TIMING_TWINS[_guarded] = _ex.NOP  # a timing-only run computes no values, so checks none

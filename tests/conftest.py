@@ -77,6 +77,41 @@ def vi(name: str, shape, elem=TensorProto.FLOAT):
     return helper.make_tensor_value_info(name, elem, shape)
 
 
+def _negate_largest_weight(model: onnx.ModelProto) -> str:
+    """Break ``model`` in place the way a corrupted build would be broken: negate the element of
+    largest magnitude among the float matrix weights of its MatMul/Gemm nodes, read directly or
+    through a Transpose (an embedding row of a token the inputs never use would change nothing).
+    Returns what was changed."""
+    from onnx import numpy_helper
+
+    transposed = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "Transpose"}
+    matmul_inputs = {
+        transposed.get(x, x) for n in model.graph.node if n.op_type in ("MatMul", "Gemm") for x in n.input
+    }
+    best = None
+    for t in model.graph.initializer:
+        if t.name not in matmul_inputs or len(t.dims) < 2:
+            continue
+        if t.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16):
+            a = numpy_helper.to_array(t)
+            i = int(np.argmax(np.abs(a)))
+            if best is None or abs(float(a.flat[i])) > abs(best[2]):
+                best = (t, i, float(a.flat[i]))
+    if best is None:
+        raise ValueError("the model has no float MatMul/Gemm weight to break")
+    t, i, value = best
+    a = numpy_helper.to_array(t).copy()
+    a.flat[i] = -a.flat[i]
+    t.CopyFrom(numpy_helper.from_array(a, t.name))
+    return f"{t.name}[{np.unravel_index(i, a.shape)}] {value:g} -> {-value:g}"
+
+
+@pytest.fixture
+def negate_largest_weight():
+    """``negate_largest_weight(model) -> str``: flips the sign of the largest-magnitude weight."""
+    return _negate_largest_weight
+
+
 # -- skips ---------------------------------------------------------------------------------------
 
 OPTIONAL_EXTRA_SKIP = "optional extra not installed"

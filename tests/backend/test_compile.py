@@ -8,7 +8,7 @@ import pytest
 from mcpc.arch.mcpb import program_bytes, read_mcpb, write_mcpb
 from mcpc.arch.target import load_target
 from mcpc.backend import BackendOptions, compile_report, compile_to_program
-from mcpc.backend.compile import check_lowerable
+from mcpc.backend.compile import TOLERANCES, check_lowerable
 from mcpc.backend.lowering import LOWERINGS, load_lowerings
 from mcpc.errors import UnsupportedError
 from mcpc.ir import DTYPES, Function, Module, TensorType
@@ -95,7 +95,7 @@ def test_sections_are_filled():
     kinds = [r["kind"] for r in prog.memory_map["regions"]]
     assert kinds[0] == "const" and "input" in kinds and "output" in kinds
     assert prog.memory_map["regions"][0]["bytes"] == len(prog.constants) > 0
-    assert prog.meta["precision"] == "fp32" and prog.meta["tolerances"] == {"rtol": 1e-4, "atol": 1e-5}
+    assert prog.meta["precision"] == "fp32" and prog.meta["tolerances"] == TOLERANCES["fp32"]
     assert prog.meta["passes"] == ["dce"] and prog.meta["source_model"] == "mlp.onnx"
     assert prog.target_name == "mcp2026-edge"
 
@@ -103,13 +103,15 @@ def test_sections_are_filled():
 def test_fp16_build_records_its_tolerances_and_driver_options_are_accepted():
     m = module(mlp(dtype=F16), precision="fp16")
     prog = compile_to_program(m, load_target("mcp2026-edge"))
-    assert prog.meta["precision"] == "fp16" and prog.meta["tolerances"] == {"rtol": 2e-2, "atol": 1e-2}
+    assert prog.meta["precision"] == "fp16" and prog.meta["tolerances"] == TOLERANCES["fp16"]
     driver = {"precision": "fp16", "tolerances": {"rtol": 0.05, "atol": None}, "passes": ["a", "b"],
               "source_model": None, "qat_config": object(), "double_buffer": False}  # fmt: skip
     opts = BackendOptions.coerce(driver)
     assert opts == BackendOptions(double_buffer=False, precision="fp16", rtol=0.05, passes=("a", "b"))
     prog = compile_to_program(m, load_target("mcp2026-edge"), driver)
-    assert prog.meta["tolerances"] == {"rtol": 0.05, "atol": 1e-2} and prog.meta["double_buffer"] is False
+    assert (
+        prog.meta["tolerances"] == {"rtol": 0.05} and prog.meta["double_buffer"] is False
+    )  # replaces the defaults
 
 
 def test_same_module_gives_byte_identical_programs(tmp_path):

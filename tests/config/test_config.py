@@ -23,11 +23,20 @@ def test_shipped_configs_load_with_documented_values():
     fp16 = load_config("fp16.yaml")
     p = fp16.precision
     assert (p.weights, p.activations, p.accumulate) == ("f16", "f16", "f32")
-    assert (fp16.check.rtol, fp16.check.atol) == (2e-2, 1e-2)
+    assert fp16.check.tolerances() == {"max_norm_err": 5e-2, "min_cosine": 0.999, "min_top1": 0.99}
     assert fp16.preset == "fp16" and fp16.pipeline_text() == PRESETS["fp16"]
     fp32 = load_config("fp32")
-    assert fp32.precision.weights == "f32" and (fp32.check.rtol, fp32.check.atol) == (1e-4, 1e-5)
+    assert fp32.precision.weights == "f32"
+    assert fp32.check.tolerances() == {"max_norm_err": 1e-4, "min_cosine": 0.99999, "min_top1": 0.99}
     assert fp32.source == "fp32.yaml"
+
+
+def test_backend_default_tolerances_are_the_shipped_configs():
+    """A program built without a config records the same criteria as one built with the shipped one."""
+    from mcpc.backend.compile import TOLERANCES
+
+    for name in ("fp16", "fp32"):
+        assert load_config(name).check.tolerances() == TOLERANCES[name], name
 
 
 def test_explicit_pipeline_text_is_kept():
@@ -67,7 +76,7 @@ def test_unknown_keys_are_errors_listing_valid_keys():
     msg = _error(VALID + "quantisation: {bits: 4}\n")
     assert "fp16.yaml: quantisation: unknown key (expected one of schema, name, description" in msg
     msg = _error(VALID.replace("atol: 1.0e-4", "atol: 1.0e-4, rtool: 1"))
-    assert "check.rtool: unknown key (expected one of rtol, atol, min_cosine)" in msg
+    assert "check.rtool: unknown key (expected one of max_norm_err, min_cosine, min_top1, rtol, atol)" in msg
 
 
 def test_missing_keys_and_bad_values():
@@ -76,6 +85,9 @@ def test_missing_keys_and_bad_values():
         assert f"{key}: missing required key" in msg
     assert "check.rtol" in _error(VALID.replace("rtol: 1.0e-3", "rtol: -1"))
     assert "check.min_cosine" in _error(VALID.replace("min_cosine: 0.99", "min_cosine: 2"))
+    assert "check.min_top1" in _error(VALID.replace("min_cosine: 0.99", "min_top1: 1.5"))
+    none = _error(VALID.replace("{rtol: 1.0e-3, atol: 1.0e-4, min_cosine: 0.99}", "{min_top1: 0.9}"))
+    assert "check: give at least one of max_norm_err, min_cosine, rtol, atol" in none
     assert "schema: unsupported schema version 2" in _error(VALID.replace("schema: 1", "schema: 2"))
 
 

@@ -23,7 +23,7 @@ import pytest
 from real_model import MINILM, dim_bindings, realistic_inputs, with_token_type_ids
 
 import mcpc
-from mcpc.check import compare, run_onnxruntime
+from mcpc.check import Tolerances, compare, run_onnxruntime
 from mcpc.errors import InputError
 from mcpc.ir.interpreter import interpret
 from mcpc.ir.onnx_import import import_onnx
@@ -94,6 +94,41 @@ def test_cli_compile_then_check_passes(model, model_path, tmp_path, config):
         assert outs[name]["norm_max_err"] <= bound and outs[name]["cosine"] >= 0.9999, outs[name]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["fp32", "fp16"])
+def test_padded_batch_of_eight_passes_check_with_mask_and_a_flipped_weight_fails(
+    model, model_path, tmp_path, config, negate_largest_weight
+):
+    """Batch 8 at sequence 128, every row padded: ``mcpc check --mask attention_mask`` passes with
+    the build's own tolerances; the same build with its largest matmul weight negated fails."""
+    batch, seq = 8, 128
+    feeds = tmp_path / "inputs.npz"
+    np.savez(feeds, **realistic_inputs(model, batch, seq))
+    broken = onnx.load(str(model_path))
+    negate_largest_weight(broken)
+    onnx.save(broken, tmp_path / "broken.onnx")
+    for source, want in ((model_path, 0), (tmp_path / "broken.onnx", 1)):
+        prog, report = tmp_path / f"{Path(source).stem}-{config}.mcpb", tmp_path / "check.json"
+        compiled = _run(
+            str(BIN / "mcp-compile"),
+            "-c",
+            config,
+            *_dim_args(model, batch, seq),
+            "-o",
+            str(prog),
+            str(source),
+        )
+        assert compiled.returncode == 0, compiled.stderr
+        args = (str(model_path), str(prog), "--inputs", str(feeds), "--mask", "attention_mask")
+        checked = _run(str(BIN / "mcpc"), "check", *args, "--json", str(report))
+        assert checked.returncode == want, checked.stdout + checked.stderr
+        outs = {o["name"]: o for o in json.loads(report.read_text())["outputs"]}
+        hidden = outs["onnx::Shape_422"]  # token embeddings [batch, seq, 384], masked on (batch, seq)
+        assert hidden["masked_axes"] == [0, 1] and hidden["scored"] < batch * seq * 384
+        if want == 0:
+            assert hidden["norm_max_err"] <= (1e-5 if config == "fp32" else 1e-2), hidden
+
+
 def test_interpreter_on_imported_model_matches_onnxruntime(model, model_path):
     """Chain link 1 on the real file: the imported IR, interpreted, is the ONNX model (fp32)."""
     feeds = realistic_inputs(model, BATCH, SEQ, seed=2)
@@ -126,14 +161,11 @@ def _compile_and_compare(model_path, model, tmp_path, target, config, batch, seq
         model_path, target=target, qat_config=config, output=prog, dims=dim_bindings(model, batch, seq)
     )
     program = load_program(prog)
-    tol = (
-        program.meta["default_tolerances"]
-        if "default_tolerances" in program.meta
-        else program.meta["tolerances"]
-    )
+    tol = Tolerances.of_program(program.meta)
     sim = run_program(program, feeds)
     ref = run_onnxruntime(model_path, feeds)
-    return {n: compare(n, y, ref[n], float(tol["rtol"]), float(tol["atol"])) for n, y in sim.outputs.items()}
+    mask = feeds["attention_mask"]
+    return {n: tol.compare(n, y, ref[n], mask=mask) for n, y in sim.outputs.items()}
 
 
 @pytest.mark.slow

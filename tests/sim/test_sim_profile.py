@@ -1,8 +1,6 @@
-"""Profile attribution, trace coalescing and the run loop's speed."""
+"""Profile attribution, trace coalescing and a long program through the run loop."""
 
 from __future__ import annotations
-
-import time
 
 import numpy as np
 import pytest
@@ -38,7 +36,8 @@ def test_trace_is_coalesced_per_engine_and_node_beyond_the_limit(monkeypatch):
 
 
 @pytest.mark.slow
-def test_run_loop_speed():
+def test_long_program_runs_twice_alike():
+    # (speed is measured by `make bench`, never asserted in a timed unit test)
     lines = []
     for i in range(4000):
         lines += [
@@ -51,9 +50,7 @@ def test_run_loop_speed():
             "store dram=0x1000 sram=0x2000 rows=8 row_bytes=256 dram_stride=256 sram_stride=256 wait=EX",
         ]
     program = loaded(build("\n".join(lines), scratch=0x4000)[0])
-    start = time.perf_counter()
     res = run_program(program, {})
-    rate = res.profile["instructions"] / (time.perf_counter() - start)
     assert res.profile["tokens_left"] == {"EX->LD": 1}
-    assert rate >= 50_000, f"{rate:.0f} instructions/s"
-    assert np.isfinite(res.profile["cycles"])
+    assert res.profile["instructions"] == len(lines) and np.isfinite(res.profile["cycles"])
+    assert run_program(program, {}).profile == res.profile  # the second run reuses the machine

@@ -1,0 +1,103 @@
+"""Functional runs on the program's own machine (sim/fastpath.py): every run gives the bits a run
+on a fresh machine gives (constants and inputs placed into zeroed DRAM), whatever ran before it;
+constant matmul operands are prepared once and shared; anything the analysis cannot account for
+falls back to the fresh machine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from simprog import build
+
+import mcpc
+from mcpc.examples import build_examples
+from mcpc.sim import fastpath
+from mcpc.sim.api import from_program, run_program
+
+
+def _fresh(program, inputs, monkeypatch):
+    """A run on a fresh machine, as every run was before the fast path."""
+    with monkeypatch.context() as mp:
+        mp.setattr(fastpath, "plan", lambda *a: None)
+        return run_program(program, inputs).outputs
+
+
+def _same(a: dict, b: dict) -> None:
+    assert set(a) == set(b)
+    for name in a:
+        assert a[name].dtype == b[name].dtype and a[name].tobytes() == b[name].tobytes(), name
+
+
+@pytest.fixture(scope="module")
+def examples_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("examples")
+    build_examples(out)
+    return out
+
+
+@pytest.mark.parametrize("config", ["fp32", "fp16"])
+@pytest.mark.parametrize("name", ["mlp", "encoder_block", "decoder_block"])
+def test_repeated_runs_with_changing_inputs_equal_fresh_runs(examples_dir, name, config, monkeypatch):
+    dims = {"seq": 32} if name == "decoder_block" else None
+    result = mcpc.compile(examples_dir / f"{name}.onnx", target="mcp2026-a100", qat_config=config, dims=dims)
+    program = from_program(result.program)
+    with np.load(examples_dir / f"{name}.npz") as data:
+        base = dict(data)
+    rng = np.random.default_rng(5)
+    for i in range(3):
+        inputs = dict(base, x=rng.standard_normal(base["x"].shape).astype(np.float32)) if i else base
+        _same(run_program(program, inputs).outputs, _fresh(from_program(result.program), inputs, monkeypatch))
+    st = fastpath.state(program)
+    plan = st.plans["main"]
+    assert plan is not None and plan.ready  # every slot filled: the lean records run
+    cached = [s[0] for s in st.slots.values()]
+    # weights prepared once (f16 widened), kept as f32 contiguous tiles and shared across the runs
+    assert cached and all(w is not None and w.dtype == np.float32 and w.flags.c_contiguous for w in cached)
+    skipped = sum(1 for f, l in zip(plan.full, plan.lean, strict=True) if f[3] is not l[3])
+    assert skipped > 0  # weight loads only the slots read are skipped
+
+
+def _scratch_program():
+    """y = (scratch + x) where the scratch DRAM row is read before the run stores x + scratch to it:
+    a run that does not restore DRAM would see the previous run's store."""
+    io = {"inputs": {"x": ("f32", (1, 8))}, "outputs": {"y": ("f32", (1, 8))}}
+    _, at = build("halt", **io, scratch=64)
+    code = f"""
+load dram={at["scratch"]} sram=0x0 rows=1 row_bytes=32 signal=EX
+load dram={at["x"]} sram=0x100 rows=1 row_bytes=32 signal=EX
+vbin func=add in_dtype=f32 out_dtype=f32 dst=0x200 src0=0x0 src1=0x100 rows=1 cols=8 wait=LD signal=ST
+vbin func=add in_dtype=f32 out_dtype=f32 dst=0x300 src0=0x0 src1=0x100 rows=1 cols=8 wait=LD signal=ST
+store dram={at["scratch"]} sram=0x200 rows=1 row_bytes=32 wait=EX
+store dram={at["y"]} sram=0x300 rows=1 row_bytes=32 wait=EX
+halt
+"""
+    return build(code, **io, scratch=64)[0]
+
+
+def test_stores_are_undone_before_the_next_run():
+    program = from_program(_scratch_program())
+    x = {"x": np.arange(8, dtype=np.float32).reshape(1, 8)}
+    first = run_program(program, x).outputs["y"]
+    assert np.array_equal(first, x["x"])  # scratch starts as zeros
+    for _ in range(2):
+        assert np.array_equal(run_program(program, x).outputs["y"], first)
+    assert fastpath.state(program).plans["main"] is not None
+
+
+def test_a_store_into_the_constants_falls_back_to_a_fresh_machine():
+    io = {"inputs": {"x": ("f32", (1, 8))}, "outputs": {"y": ("f32", (1, 8))}}
+    consts = np.full(8, 2.0, np.float32).tobytes()
+    _, at = build("halt", **io, constants=consts)
+    code = f"""
+load dram=0 sram=0x0 rows=1 row_bytes=32
+load dram={at["x"]} sram=0x100 rows=1 row_bytes=32 signal=EX
+vbin func=mul in_dtype=f32 out_dtype=f32 dst=0x200 src0=0x0 src1=0x100 rows=1 cols=8 wait=LD signal=ST
+store dram=0 sram=0x200 rows=1 row_bytes=32 wait=EX
+store dram={at["y"]} sram=0x200 rows=1 row_bytes=32
+halt
+"""
+    program = from_program(build(code, **io, constants=consts)[0])
+    x = {"x": np.full((1, 8), 3.0, np.float32)}
+    for _ in range(3):  # the constant is 2 again in every run (not the 6 the last run stored)
+        assert np.array_equal(run_program(program, x).outputs["y"], np.full((1, 8), 6.0, np.float32))
+    assert fastpath.state(program).plans["main"] is None
