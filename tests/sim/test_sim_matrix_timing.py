@@ -90,7 +90,7 @@ def test_independent_matvecs_stream_at_dram_bandwidth(target):
     t = load_target(target)
     k, n = 256, 512
     chunk = k * n * 2
-    chunks = max(8, math.ceil(1.25 * t.sram.size_bytes / chunk))
+    chunks = max(8, math.ceil(2 * t.sram.size_bytes / chunk))
     program = _matvec_stream(target, chunks, k, n)
     rng = np.random.default_rng(0)
     x = rng.standard_normal(k).astype(np.float16)
