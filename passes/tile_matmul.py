@@ -18,6 +18,11 @@ tk of 64 elements) and split each dim into near-equal parts, restricted to tiles
 buffered slots (2 × (A + B) + 2 × output + an f32 accumulator when the output is not f32) fit
 the target's SRAM.  Large square matmuls get large tiles (compute-bound, near peak MACs); a
 one-row matmul gets steps short enough that the weight stream keeps the DRAM channel busy.
+
+The estimate is deliberately the simulator's earlier matmul charge (whole array passes, one
+pipeline latency per step), not the current one (docs/timing.md: rows actually present, latency
+on dependency chains): the tile fixes the f32 accumulation order along K, so changing the choice
+would change the output bits of programs compiled from the same model.
 """
 
 from __future__ import annotations

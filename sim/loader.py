@@ -27,7 +27,7 @@ from mcpc.errors import InputError, McpcError
 from .decode import fast_decode
 from .execute import compile_instr, illegal, timing_twin
 from .machine import nbytes
-from .timing import instr_cost
+from .timing import ex_dependencies, instr_cost
 
 NO_NODE = "<unattributed>"
 
@@ -126,7 +126,7 @@ def from_program(program: Program, source: str = "<program>") -> LoadedProgram:
     debug = program.debug if isinstance(program.debug, list) else []
     node_index: dict[tuple[str, str], int] = {}
     ir_index: dict[str, int] = {}
-    recs, mnemonics, mac_dtype = [], [], []
+    recs, mnemonics, mac_dtype, decoded, costs = [], [], [], [], []
     cols = np.zeros((8, n), dtype=np.int64)  # busy, tail, macs, rd, wr, sram_hi, node, engine
     ir_of = np.zeros(n, dtype=np.int64)
     for idx in range(n):
@@ -142,19 +142,26 @@ def from_program(program: Program, source: str = "<program>") -> LoadedProgram:
             mac_dtype.append(None)
             reason = exc.message.split(": ", 1)[-1]
             fn, args, _ = illegal(f"illegal instruction: {reason}")
-            recs.append((1, (), (), fn, args, 1, 0, False))
+            recs.append((1, (), (), fn, args, 1, 0, False, ()))
             cols[0, idx], cols[7, idx] = 1, 1
+            decoded.append(None)
+            costs.append(None)
             continue
         cost = instr_cost(instr, target)
+        decoded.append(instr)
+        costs.append(cost)
         fn, args, hi = compile_instr(instr, target)
         mnemonics.append(instr.op)
         mac_dtype.append(instr.in_dtype if instr.op == "matmul" else None)
         dma = instr.op in ("load", "store", "gather")
         recs.append(
-            (instr.engine, _mask(instr.wait), _mask(instr.signal), fn, args, cost.busy, cost.tail, dma)
+            (instr.engine, _mask(instr.wait), _mask(instr.signal), fn, args, cost.busy, cost.tail, dma, ())
         )
         cols[:6, idx] = (cost.busy, cost.tail, cost.macs, cost.dram_read, cost.dram_write, hi)
         cols[7, idx] = instr.engine
+    for idx, deps in enumerate(ex_dependencies(decoded, costs)):
+        if deps:
+            recs[idx] = (*recs[idx][:8], deps)
     loaded = LoadedProgram(
         source=source,
         program=program,
