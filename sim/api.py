@@ -160,6 +160,7 @@ def run_program(
         else:
             flat = np.frombuffer(m.dram, dtype=dt, count=count, offset=addr).copy()
         outputs[b["name"]] = flat.reshape(shape)
+    program.record_extents()
     profile = build_profile(program, entry, order, issue, done, stall)
     profile["tokens_left"] = tokens_left
     events = trace_events(program, entry, order, issue) if trace else None

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from mcpc.arch.isa import N_REGS  # noqa: F401  (the register count, re-exported)
 from mcpc.arch.numerics import NUMPY_DTYPES
 
-N_REGS = 16
 PACKED = frozenset({"i4", "u4"})
 
 
@@ -36,10 +36,12 @@ def sram_extent(addr: int, rows: int, cols: int, row_step: int, col_step: int, s
 class Machine:
     """Memories and registers of one run.  Created zeroed; the loader fills DRAM before the run.
 
-    ``dram`` and ``sram`` are flat uint8 arrays; ``regs`` is a list of 16 Python ints (r0 stays 0).
+    ``dram`` and ``sram`` are flat uint8 arrays; ``regs`` is a list of 16 Python ints (r0 stays 0);
+    ``qparams`` is the QParam group ``(scale_a, scale_w, scale_o, zp_ptr, scale_ptr, group_size)``
+    that ``setq`` sets.
     """
 
-    __slots__ = ("dram", "sram", "regs", "dram_size")
+    __slots__ = ("dram", "sram", "regs", "dram_size", "qparams")
 
     def __init__(self, dram_size: int, sram_size: int):
         # np.zeros is calloc-backed: a large, mostly untouched DRAM costs no physical memory.
@@ -47,6 +49,7 @@ class Machine:
         self.sram = np.zeros(sram_size, dtype=np.uint8)
         self.regs = [0] * N_REGS
         self.dram_size = dram_size
+        self.qparams = (0.0, 0.0, 0.0, 0, 0, 0)
 
 
 def nbytes(dtype: str, count: int) -> int:

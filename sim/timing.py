@@ -12,10 +12,14 @@ The model (docs/simulator.md, "How cycles are counted", is the definition):
   token is pushed when the signalling instruction completes.
 * DMA (load, store, gather): transfer = ceil(bytes / dram_bytes_per_cycle); the channel and the
   engine are busy for the transfer; completion = issue + transfer + dram_latency_cycles.
+* Every live ISA spec names its cost function here (``InstrSpec.cost``); ``COSTS`` maps each
+  mnemonic to it, resolved at import.  An instruction whose row count comes from a register is
+  costed for the rows it actually processes, when it executes (``execute.compile_extent``).
 * matmul: ceil(m/rows)·ceil(n/cols)·k·(rows·cols)/macs_per_cycle[in_dtype] (rounded up) +
   pipeline_latency.  Vector ops: ceil(elements / lanes[in_dtype]) + latency (special functions
   use sfu_lanes; vsel uses its dtype, transpose the unsigned type of its element size).
-  setr, nop, halt: 1 cycle.  Compute instructions occupy their engine until completion.
+  vtopk: topk_k passes over the row (a selection network), each costing a vector pass.
+  setr, salu, setq, nop, halt: 1 cycle.  Compute instructions occupy their engine until completion.
 * Cycles of the run = the latest completion.
 """
 
@@ -25,7 +29,7 @@ import math
 from collections import deque
 from typing import Any, NamedTuple
 
-from mcpc.arch.isa import ENGINES, SFU_FUNCS, Instr
+from mcpc.arch.isa import ENGINES, SFU_FUNCS, Instr, resolve
 
 from .decode import Decoded
 from .machine import Fault, Machine
@@ -46,32 +50,55 @@ class Cost(NamedTuple):
 
 def instr_cost(i: Instr | Decoded, target: Any) -> Cost:
     """Cycles and traffic of one instruction on ``target`` (see the module docstring)."""
+    return COSTS[i.op](i, target)
+
+
+def dma_cost(i: Instr | Decoded, target: Any) -> Cost:
     op = i.op
-    if op in DMA_OPS:
-        nbytes = (i.count if op == "gather" else i.rows) * i.row_bytes
-        transfer = math.ceil(nbytes / target.dram_bytes_per_cycle)
-        rd, wr = (0, nbytes) if op == "store" else (nbytes, 0)
-        return Cost(transfer, target.dram_latency_cycles, 0, rd, wr)
-    if op == "matmul":
-        mac = target.mac
-        rate = mac.macs_per_cycle.get(i.in_dtype)
-        if rate is None:  # traps when executed (execute.compile_instr); cost is irrelevant
-            return Cost(1, 0, 0, 0, 0)
-        tiles = math.ceil(i.m / mac.array_rows) * math.ceil(i.n / mac.array_cols)
-        cycles = math.ceil(tiles * i.k * mac.array_rows * mac.array_cols / rate)
-        return Cost(cycles + mac.pipeline_latency, 0, i.m * i.n * i.k, 0, 0)
-    if op in ("vbin", "vbini", "vun", "vred", "vsel", "transpose"):
-        vec = target.vector
-        if op == "vun" and i.func in SFU_FUNCS:
-            lanes = vec.sfu_lanes
-        elif op == "vsel":
-            lanes = target.vector_lanes_for(i.dtype)
-        elif op == "transpose":
-            lanes = target.vector_lanes_for(_TRANSPOSE_LANES.get(i.elem_bytes, "i8"))
-        else:
-            lanes = target.vector_lanes_for(i.in_dtype)
-        return Cost(math.ceil(i.rows * i.cols / lanes) + vec.latency, 0, 0, 0, 0)
+    nbytes = (i.count if op == "gather" else i.rows) * i.row_bytes
+    transfer = math.ceil(nbytes / target.dram_bytes_per_cycle)
+    rd, wr = (0, nbytes) if op == "store" else (nbytes, 0)
+    return Cost(transfer, target.dram_latency_cycles, 0, rd, wr)
+
+
+def matmul_cost(i: Instr | Decoded, target: Any) -> Cost:
+    mac = target.mac
+    rate = mac.macs_per_cycle.get(i.in_dtype)
+    if rate is None:  # traps when executed (execute.compile_instr); cost is irrelevant
+        return Cost(1, 0, 0, 0, 0)
+    tiles = math.ceil(i.m / mac.array_rows) * math.ceil(i.n / mac.array_cols)
+    cycles = math.ceil(tiles * i.k * mac.array_rows * mac.array_cols / rate)
+    return Cost(cycles + mac.pipeline_latency, 0, i.m * i.n * i.k, 0, 0)
+
+
+def _vector_lanes(i: Instr | Decoded, target: Any) -> int:
+    op = i.op
+    if op == "vun" and i.func in SFU_FUNCS:
+        return target.vector.sfu_lanes
+    if op in ("vsel", "vtopk"):
+        return target.vector_lanes_for(i.dtype)
+    if op == "transpose":
+        return target.vector_lanes_for(_TRANSPOSE_LANES.get(i.elem_bytes, "i8"))
+    return target.vector_lanes_for(i.in_dtype)
+
+
+def vector_cost(i: Instr | Decoded, target: Any) -> Cost:
+    lanes = _vector_lanes(i, target)
+    return Cost(math.ceil(i.rows * i.cols / lanes) + target.vector.latency, 0, 0, 0, 0)
+
+
+def topk_cost(i: Instr | Decoded, target: Any) -> Cost:
+    lanes = _vector_lanes(i, target)
+    passes = max(i.topk_k, 1)
+    return Cost(passes * math.ceil(i.rows * i.cols / lanes) + target.vector.latency, 0, 0, 0, 0)
+
+
+def scalar_cost(i: Instr | Decoded, target: Any) -> Cost:
     return Cost(1, 0, 0, 0, 0)
+
+
+# Every live mnemonic -> the cost function its spec names (RuntimeError at import if one is missing).
+COSTS = resolve("cost", globals())
 
 
 class Deadlock(Exception):
@@ -160,11 +187,14 @@ def simulate(recs: list[tuple], order: range, machine: Machine) -> tuple[list, l
         except _ILLEGAL_PY as exc:  # a field combination the kernels reject (e.g. int ** negative)
             raise Faulted(idx, f"illegal operation: {exc}") from None
         stall[e] += best_t - free[e]
-        end = best_t + r[5]
+        busy, tail = r[5], r[6]
+        if busy < 0:  # a run-time extent: the cost of what it actually did (execute.compile_extent)
+            busy, tail = r[4][-1][0][:2]
+        end = best_t + busy
         free[e] = end
         if r[7]:
             chan = end
-        end += r[6]
+        end += tail
         issue[idx - base] = best_t
         done[idx - base] = end
         for dst in r[2]:
