@@ -138,6 +138,8 @@ _UNARY_OPS = (
     ops.CosOp,
     ops.LogOp,
     ops.FloorOp,
+    ops.RoundOp,
+    ops.SiluOp,
 )
 
 

@@ -107,6 +107,7 @@ _UNARY = {
     "Cos": ops.CosOp,
     "Log": ops.LogOp,
     "Floor": ops.FloorOp,
+    "Round": ops.RoundOp,
 }
 
 

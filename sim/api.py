@@ -113,9 +113,16 @@ def _check_range(b: dict, arr: np.ndarray) -> None:
 
 
 def run_program(
-    program: LoadedProgram, inputs: dict[str, np.ndarray], entry: str = "main", trace: bool = False
+    program: LoadedProgram,
+    inputs: dict[str, np.ndarray],
+    entry: str = "main",
+    trace: bool = False,
+    registers: dict[int, int] | None = None,
 ) -> SimResult:
     """Run entry point ``entry`` on ``inputs`` (name -> array) and collect outputs and the profile.
+
+    ``registers`` sets scalar registers (number -> s32 value) before the first instruction: a
+    low-level hook for run-time extents until programs declare host registers by name.
 
     Raises InputError for an unknown entry, a missing or mis-shaped input (named), and SimTrap
     (naming the instruction address, mnemonic and ONNX node) when the program traps or deadlocks.
@@ -124,6 +131,10 @@ def run_program(
     src = program.source
     t = program.target
     m = Machine(program.dram_size, t.sram.size_bytes)
+    for reg, value in (registers or {}).items():
+        if not (0 < reg < len(m.regs)) or not -(1 << 31) <= value < 1 << 31:
+            raise InputError(f"register r{reg} = {value}: registers are r1..r{len(m.regs) - 1}, values s32")
+        m.regs[reg] = int(value)
     consts = np.frombuffer(program.program.constants, dtype=np.uint8)
     for dram, offset, length in program.const_places:
         m.dram[dram : dram + length] = consts[offset : offset + length]

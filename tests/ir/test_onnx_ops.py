@@ -138,6 +138,7 @@ CASES = [
     Case("log", "Log", {"x": f(3, 5, lo=0.01)}),
     Case("floor", "Floor", {"x": f(3, 5) * 3}),
     Case("ceil", "Ceil", {"x": f(3, 5) * 3}),
+    Case("round", "Round", {"x": f(3, 5) * 3}),
     Case("identity", "Identity", {"x": f(2, 3)}),
     Case("dropout", "Dropout", {"x": f(2, 3)}),
     # casts
