@@ -143,7 +143,8 @@ FIELD_DOCS: dict[str, str] = {
     "m_reg": "scalar register holding the run-time row count of A and C, clamped to [0, m] (0 = `m`)",
     "rd": "destination scalar register r1..r15",
     "rs1": "first source register (r0 reads 0)",
-    "rs2": "second source register, added to `imm` (r0 reads 0)",
+    "rs2": "second source register, added to `simm` (r0 reads 0)",
+    "simm": "signed 32-bit immediate added to r[rs2]",
     "idx": "SRAM byte address of the i32 indices (rows x k)",
     "idx_stride": "elements between rows of idx",
     "topk_k": "number of elements kept per row (k <= cols)",
@@ -471,11 +472,11 @@ _SPECS: list[InstrSpec] = [
               "CRC-8 per block."),
     _reserved("kvdecomp", 17, "Reserved: KV-cache decompression."),
     _reserved("entry", 18, "Reserved: entry-point features (calls between entries)."),
-    _spec("salu", 19, EX, "func enum:salu, rd u4, rs1 u4, rs2 u4, imm s32",
-          "Scalar ALU: r[rd] = func(r[rs1], r[rs2] + imm), 32-bit wrapping.",
+    _spec("salu", 19, EX, "func enum:salu, rd u4, rs1 u4, rs2 u4, simm s32",
+          "Scalar ALU: r[rd] = func(r[rs1], r[rs2] + simm), 32-bit wrapping.",
           execute="compile_salu", cost="scalar_cost", access=_access_salu, nonzero=("rd",),
           twin="numerics.scalar_alu",
-          semantics="The second operand is `r[rs2] + imm`, so `rs2 = 0` gives an immediate and `imm = 0` "
+          semantics="The second operand is `r[rs2] + simm`, so `rs2 = 0` gives an immediate and `simm = 0` "
           "a register. `add sub mul` wrap to s32; `min max` are signed; the comparisons `eq ne lt le gt "
           "ge` (signed) write 1 or 0. `rd = 0` is rejected like `setr r0`. With `rows_reg`, `m_reg` and "
           "`count_reg` this is how a program's work follows a length known only at run time."),
@@ -517,6 +518,11 @@ def _check_table() -> None:
     # Import-time guard: a table edit that breaks an invariant fails loudly, not at encode time.
     assert len(OPCODES) == len(ISA) and sorted(OPCODES) == list(range(len(OPCODES)))
     assert max(DTYPE_CODES.values()) < 1 << DTYPE_BITS
+    kinds: dict[str, tuple[int, str]] = {}
+    for spec in ISA.values():
+        for name, bits, kind in spec.fields:  # one meaning per field name: one width and kind
+            base = kind.split(":")[0]
+            assert kinds.setdefault(name, (bits, base)) == (bits, base), (spec.mnemonic, name)
     for spec in ISA.values():
         assert HEADER_BITS + sum(b for _, b, _ in spec.fields) <= INSTR_BITS, spec.mnemonic
         assert len(set(spec.field_names)) == len(spec.fields), spec.mnemonic

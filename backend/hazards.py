@@ -2,9 +2,10 @@
 
 ``replay_tokens`` replays the wait/signal bits (deadlock and balance check); ``check_hazards``
 verifies that every pair of instructions on different engines that touch the same SRAM or DRAM
-bytes (one of them writing) is ordered by the tokens, i.e. that the decoupled engines compute
-what the sequential reading of the stream computes.  ``footprint`` is the memory an instruction
-touches; the scheduler uses it too, so that what it orders and what is checked agree.
+bytes, scalar register or the QParam group (one of them writing) is ordered by the tokens, i.e.
+that the decoupled engines compute what the sequential reading of the stream computes.
+``footprint`` is the memory an instruction touches (from its ISA spec); the scheduler uses it
+too, so that what it orders and what is checked agree.
 """
 
 from __future__ import annotations
@@ -16,9 +17,6 @@ import numpy as np
 
 from mcpc.arch.isa import ENGINES, N_REGS, Instr
 from mcpc.arch.numerics import scalar_alu
-
-# Instructions that touch no memory (their footprint is empty by definition, not by omission).
-NO_MEMORY = frozenset({"nop", "halt"})
 
 
 def _what(mem: int, lo: int, hi: int) -> str:
@@ -132,7 +130,7 @@ def register_values(instrs: Sequence[Instr], initial: Sequence[int | None] | Non
             regs[f["reg"]] = f["value"]
         elif instr.op == "salu":
             a, b = regs[f["rs1"]], regs[f["rs2"]]
-            regs[f["rd"]] = None if a is None or b is None else scalar_alu(f["func"], a, b + f["imm"])
+            regs[f["rd"]] = None if a is None or b is None else scalar_alu(f["func"], a, b + f["simm"])
         elif instr.spec.access is not None:
             for acc in instr.spec.access(f):
                 if acc[0] == "reg" and acc[6]:  # a register written by a rule not known here

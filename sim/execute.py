@@ -225,7 +225,7 @@ def compile_setr(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, 
 
 
 def compile_salu(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
-    return _salu, (i.rd, i.func, i.rs1, i.rs2, i.imm)
+    return _salu, (i.rd, i.func, i.rs1, i.rs2, i.simm)
 
 
 def compile_setq(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:

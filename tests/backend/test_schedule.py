@@ -275,9 +275,9 @@ setr  reg=2 value=256 signal=LD
 load  dram=0x10000 dram_reg=1 sram=0x0 rows=1 row_bytes=256 wait=EX signal=EX
 load  dram=0x10000 dram_reg=2 sram=0x100 rows=1 row_bytes=256 wait=EX signal=EX
 vun   func=exp dst=0x1000 src=0x0 rows=1 cols=64 wait=LD signal=ST
-salu  func=add rd=1 rs1=1 imm=512 signal=LD
+salu  func=add rd=1 rs1=1 simm=512 signal=LD
 vun   func=exp dst=0x1100 src=0x100 rows=1 cols=64 wait=LD signal=ST
-salu  func=add rd=2 rs1=2 imm=512 signal=LD
+salu  func=add rd=2 rs1=2 simm=512 signal=LD
 load  dram=0x10000 dram_reg=1 sram=0x0 rows=1 row_bytes=256 wait=EX signal=EX
 load  dram=0x10000 dram_reg=2 sram=0x100 rows=1 row_bytes=256 wait=EX signal=EX
 store dram={y0} sram=0x1000 rows=1 row_bytes=256 wait=EX signal=EX

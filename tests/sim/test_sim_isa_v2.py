@@ -147,9 +147,9 @@ def test_topk_k_larger_than_the_row_traps_and_costs_k_passes():
 def test_salu_register_and_immediate_operands(func, a, b, want):
     m = machine()
     m.regs[2], m.regs[3] = a, b - 100
-    run(m, "salu", func=func, rd=1, rs1=2, rs2=3, imm=100)  # second operand = r3 + imm
+    run(m, "salu", func=func, rd=1, rs1=2, rs2=3, simm=100)  # second operand = r3 + simm
     assert m.regs[1] == want == nx.scalar_alu(func, a, b)
-    run(m, "salu", func=func, rd=4, rs1=2, imm=b)  # rs2 = r0: an immediate
+    run(m, "salu", func=func, rd=4, rs1=2, simm=b)  # rs2 = r0: an immediate
     assert m.regs[4] == want
 
 
@@ -174,7 +174,7 @@ def test_gather_table_base_offset_by_a_register():
 # -- run-time extents -----------------------------------------------------------------------------
 CAP, COLS = 256, 64
 EXTENT = """
-salu  func=min rd=1 rs1=2 imm={cap} signal=LD
+salu  func=min rd=1 rs1=2 simm={cap} signal=LD
 load  dram={x} sram=0x0 rows={cap} row_bytes=256 dram_stride=256 sram_stride=256 rows_reg=1 wait=EX signal=EX
 vun   func=exp in_dtype=f32 out_dtype=f32 dst=0x10000 src=0x0 rows={cap} cols=64 dst_stride=64 src_stride=64 rows_reg=1 wait=LD
 vbini func=mul in_dtype=f32 out_dtype=f32 dst=0x10000 src0=0x10000 imm=0.5 rows={cap} cols=64 dst_stride=64 s0_stride=64 rows_reg=1
@@ -222,7 +222,7 @@ def test_the_extent_register_is_ordered_by_tokens():
     _, addrs = build("halt", **EXTENT_IO)
     text = EXTENT.format(cap=CAP, capb=CAP * 4, x=addrs["x"], y=addrs["y"], z=addrs["z"])
     check_hazards(parse_asm(text), regs=[0, None, None] + [0] * 13)
-    racy = text.replace("imm=256 signal=LD", "imm=256").replace(
+    racy = text.replace("simm=256 signal=LD", "simm=256").replace(
         "rows_reg=1 wait=EX signal=EX", "rows_reg=1 signal=EX"
     )
     with pytest.raises(ScheduleError, match="race: #0 salu .* #1 load .* reg r1"):
@@ -251,6 +251,50 @@ def test_negative_length_does_nothing_and_bad_registers_are_refused():
 
 
 def test_extent_text_round_trips():
-    text = "load dram=0x40 sram=0x0 rows=8 row_bytes=4 rows_reg=3\nsalu func=ge rd=2 rs1=1 rs2=4 imm=-7\n"
+    text = "load dram=0x40 sram=0x0 rows=8 row_bytes=4 rows_reg=3\nsalu func=ge rd=2 rs1=1 rs2=4 simm=-7\n"
     instrs = parse_asm(text)
-    assert instrs[0].rows_reg == 3 and instrs[1].imm == -7 and instrs[1].func == "ge"
+    assert instrs[0].rows_reg == 3 and instrs[1].simm == -7 and instrs[1].func == "ge"
+
+
+def test_matmul_rows_and_gather_count_from_registers():
+    """m_reg and count_reg: the product and the gather cover only the rows the register names."""
+    a = RNG.standard_normal((8, 16)).astype(np.float32)
+    b = RNG.standard_normal((16, 8)).astype(np.float32)
+    m = machine()
+    put(m, 0, a)
+    put(m, 0x1000, b)
+    put(m, 0x3000, np.full((8, 8), 7.0, np.float32))
+    m.regs[3] = 5
+    from mcpc.sim.timing import instr_cost
+
+    mm = Instr("matmul", dict(a=0, b=0x1000, c=0x3000, m=8, n=8, k=16, a_stride=16, b_stride=8, c_stride=8,
+                              m_reg=3))  # fmt: skip
+    assert execute.extent_register(mm) == 3
+    ext_fn, ext_args = execute.compile_extent(mm, TARGET, instr_cost, None)
+    ext_fn(m, ext_args)
+    c = get(m, 0x3000, (8, 8), "f32")
+    np.testing.assert_array_equal(c[:5], nx.matmul_tile(a[:5], b))
+    assert (c[5:] == 7.0).all()
+    assert ext_args[-1][0] == instr_cost(Instr("matmul", dict(m=5, n=8, k=16)), TARGET)
+
+    table = np.arange(32, dtype=np.float32).reshape(8, 4)
+    m.dram[: table.nbytes] = table.view(np.uint8).reshape(-1)
+    put(m, 0x5000, np.array([3, 1, 6, 2], dtype=np.int32))
+    put(m, 0x6000, np.zeros((4, 4), np.float32))
+    m.regs[4] = 2
+    gather = Instr("gather", dict(dram=0, sram_idx=0x5000, count=4, row_bytes=16, dram_stride=16, sram=0x6000,
+                                  sram_stride=16, limit=8, count_reg=4))  # fmt: skip
+    g_fn, g_args = execute.compile_extent(gather, TARGET, instr_cost, None)
+    g_fn(m, g_args)
+    got = get(m, 0x6000, (4, 4), "f32")
+    np.testing.assert_array_equal(got[:2], table[[3, 1]])
+    assert not got[2:].any()
+    assert g_args[-1][0].dram_read == 2 * 16
+
+
+def test_every_twin_names_a_numerics_kernel():
+    import re
+
+    for m in LIVE:
+        for name in re.findall(r"numerics\.(\w+)", ISA[m].twin):
+            assert callable(getattr(nx, name, None)), (m, name)
