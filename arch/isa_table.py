@@ -438,7 +438,8 @@ _SPECS: list[InstrSpec] = [
           "src_stride u20, rows_reg u4",
           "Reduces each row of `cols` elements to one value; dst holds `rows` contiguous values.",
           **{**_VECTOR, "execute": "compile_vred"}, access=_access_vred,
-          twin="numerics.row_reduce (mcp.reduce_sum, mcp.reduce_max, mcp.reduce_min, softmax steps)",
+          twin="numerics.row_reduce (mcp.reduce_sum, mcp.reduce_mean, mcp.reduce_max, mcp.argmax, "
+          "softmax steps)",
           semantics="dst[r] = func over c of src[r][c]; dst holds `rows` contiguous values of "
           "`out_dtype`. `argmax` gives the index of the first maximum (a NaN counts as the maximum, as "
           "numpy's argmax), stored as `out_dtype` (use `i32`)."),

@@ -242,6 +242,12 @@ def _reduce_sum(op, args):
     return [nx.row_reduce("sum", x2, _out(op)).reshape(op.result.type.shape)]
 
 
+@impl(ops.ArgMaxOp)
+def _argmax(op, args):
+    x2, _ = _reduce_rows(op, args[0])
+    return [nx.row_reduce("argmax", x2, _out(op)).reshape(op.result.type.shape)]
+
+
 @impl(ops.ReduceMeanOp)
 def _reduce_mean(op, args):
     x2, count = _reduce_rows(op, args[0])

@@ -381,6 +381,17 @@ def _reduce(ctx, ins):
     return [ctx.emit(_REDUCE[ctx.node.op_type], [x], attrs)]
 
 
+@handles("ArgMax")
+def _argmax(ctx, ins):
+    if ctx.attr("select_last_index", 0):
+        raise ctx.unsupported("ArgMax with select_last_index=1 (the last maximum) is not supported")
+    x = ins[0]
+    if ctx.dtype(x) == I1:
+        x = ctx.emit(ops.CastOp, [x], {"to": U8})
+    axis = int(ctx.attr("axis", 0))
+    return [ctx.emit(ops.ArgMaxOp, [x], {"axes": [axis], "keepdims": bool(ctx.attr("keepdims", 1))})]
+
+
 # The constant, shape and data-movement handlers live in their own module and register into the
 # tables above when imported; importing them here keeps HANDLERS complete for every caller.
 from mcpc.ir import onnx_handlers_shape  # noqa: E402, F401

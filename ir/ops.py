@@ -37,6 +37,7 @@ from mcpc.ir.ops_elementwise import (
     UnaryOp,
 )
 from mcpc.ir.ops_nn import (
+    ArgMaxOp,
     LayerNormOp,
     LogSoftmaxOp,
     MatMulOp,
@@ -87,6 +88,7 @@ __all__ = [
     "NegOp",
     "PowOp",
     "ReciprocalOp",
+    "ArgMaxOp",
     "ReduceMaxOp",
     "ReduceMeanOp",
     "ReduceOp",

@@ -249,6 +249,8 @@ CASES = [
     Case("size", "Size", {"x": f(2, 3, 4)}),
     Case("trilu_upper", "Trilu", {"x": f(4, 5)}),
     Case("trilu_lower_k", "Trilu", {"x": f(2, 4, 5)}, {"k": np.array(-1, np.int64)}, attrs={"upper": 0}),
+    Case("argmax_axis1", "ArgMax", {"x": f(3, 7, 2)}, attrs={"axis": 1}),
+    Case("argmax_last_nokeep", "ArgMax", {"x": f(4, 9)}, attrs={"axis": -1, "keepdims": 0}),
 ]
 
 CONSTANT_CASES = [
