@@ -10,7 +10,7 @@ DEMO   ?= encoder_block
 # Extra mcp-compile flags for the demo, e.g. COMPILE_FLAGS="--dim seq=32" for decoder_block.
 COMPILE_FLAGS ?=
 
-.PHONY: demo test test-all lint venv clean conformance real-models bench
+.PHONY: demo test test-all lint venv clean conformance real-models bench fuzz
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,13 @@ real-models: $(STAMP)
 # `make bench BENCH_ARGS=--quick` for the one-minute run; results in bench/results.{json,md}.
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+# Property-based fuzzing of the three doors a user hands us (ONNX, YAML configs/targets, .mcpb):
+# FUZZ_EXAMPLES hypothesis examples per fuzz test (each door has two or three tests; the default test
+# run takes a short, fixed slice of 40).  Inputs that once broke a door live in tests/fuzz/corpus.
+FUZZ_EXAMPLES ?= 5000
+fuzz: $(STAMP)
+	MCPC_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest tests/fuzz -p no:cacheprovider
 
 clean:
 	rm -rf $(OUT) build .pytest_cache .ruff_cache .hypothesis

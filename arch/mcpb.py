@@ -242,6 +242,7 @@ def _parse(data: bytes, source: str) -> Program:
         end = max(end, offset + size)
     if len(data) > end:
         raise InputError(f"{source}: {len(data) - end} unexpected bytes after the last section")
+    _check_padding(data, rd.pos, table, source)
     missing = [t for t in SECTION_ORDER if t not in payloads]
     if missing:
         raise InputError(f"{source}: missing section(s) {', '.join(missing)}")
@@ -264,6 +265,17 @@ def _parse(data: bytes, source: str) -> Program:
     )
     _check_entries(source, program)
     return program
+
+
+def _check_padding(data: bytes, header_end: int, table: list, source: str) -> None:
+    """Bytes outside the header and the sections (alignment padding) must be zero: no CRC covers
+    them, so a flipped bit there is found here."""
+    covered = sorted([(0, header_end)] + [(offset, offset + size) for _, offset, size, _ in table])
+    pos = 0
+    for start, stop in covered:
+        if start > pos and data[pos:start].strip(b"\0"):
+            raise InputError(f"{source}: non-zero padding bytes at offset {pos}: file is corrupt")
+        pos = max(pos, stop)
 
 
 def _load_json(source: str, tag: str, payload: bytes) -> Any:

@@ -70,7 +70,7 @@ def import_onnx(
     if proto.functions:
         proto = onnx.inliner.inline_local_functions(proto)
     bound = bind_input_shapes(proto.graph, label, shapes or {}, dims or {})
-    inferred = _onnx_shapes(proto, bound)
+    inferred = _onnx_shapes(proto, bound, label)
     return _Importer(proto.graph, label, name, opset, bound, inferred).run()
 
 
@@ -326,7 +326,13 @@ class _Importer:
 
     def _tensor(self, proto: onnx.TensorProto, what: str) -> np.ndarray:
         try:
-            return _to_const(numpy_helper.to_array(proto))
+            arr = numpy_helper.to_array(proto)
+        except KeyError:
+            raise InputError(f"{self.label}: {what}: unknown ONNX element type {proto.data_type}") from None
+        except (ValueError, TypeError) as e:  # data that does not fill its dims, bad external data
+            raise InputError(f"{self.label}: {what}: malformed tensor data: {_first_line(e)}") from None
+        try:
+            return _to_const(arr)
         except (ValueError, TypeError) as e:
             raise UnsupportedError(f"{self.label}: {what}: unsupported tensor: {e}") from None
 

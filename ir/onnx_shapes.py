@@ -106,10 +106,15 @@ def _dim_hint(d, is_this: bool, learned: dict[str, int]) -> str:
     return str(learned.get(d.dim_param, d.dim_param or "?"))
 
 
-def _onnx_shapes(proto: onnx.ModelProto, bound: dict[str, tuple[int, ...]]) -> dict[str, list[int | None]]:
+def _onnx_shapes(
+    proto: onnx.ModelProto, bound: dict[str, tuple[int, ...]], label: str = "model"
+) -> dict[str, list[int | None]]:
     """ONNX's own shape inference on the bound model: name -> dims (None where unknown).
 
-    Used only as a cross-check of our inference; failures of ONNX inference are not fatal.
+    Used as a cross-check of our inference; failures of ONNX inference are not fatal, except a
+    type error ONNX's strict inference finds (an input of a type the op does not accept, an output
+    declared with another element type than the graph computes): that model is not valid ONNX,
+    and is refused as bad input naming the node (``_refuse_type_errors``).
     """
     # A light copy: small initializers (shape data for data_prop) are kept, large ones become typed
     # inputs, so weights are never copied (and multi-GB models stay under protobuf's 2 GB limit).
@@ -137,7 +142,13 @@ def _onnx_shapes(proto: onnx.ModelProto, bound: dict[str, tuple[int, ...]]) -> d
         if out.type.HasField("tensor_type"):
             out.type.tensor_type.ClearField("shape")
     try:
-        m = onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
+        m = onnx.shape_inference.infer_shapes(m, strict_mode=True, data_prop=True)
+    except onnx.shape_inference.InferenceError as e:
+        _refuse_type_errors(str(e), label)
+        try:
+            m = onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
+        except Exception:
+            return {}
     except Exception:
         return {}
     found: dict[str, list[int | None]] = {}
@@ -146,3 +157,14 @@ def _onnx_shapes(proto: onnx.ModelProto, bound: dict[str, tuple[int, ...]]) -> d
         if vi.type.HasField("tensor_type") and tt.HasField("shape"):
             found[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
     return found
+
+
+# Strict inference failures that mean the model itself is inconsistent (not that inference is
+# incomplete, e.g. an op ONNX cannot infer): refused as bad input.
+_TYPE_ERROR_MARKS = ("[TypeInferenceError]", "type mismatch", "elem type", "Type Error")
+
+
+def _refuse_type_errors(message: str, label: str) -> None:
+    first = message.strip().splitlines()[0] if message.strip() else message
+    if any(mark in message for mark in _TYPE_ERROR_MARKS):
+        raise InputError(f"{label}: not a valid ONNX model: {first}")

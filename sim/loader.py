@@ -6,8 +6,9 @@ masks as tuples, handler, operand descriptors, static cost) plus numpy arrays of
 Words that do not decode are kept as trapping records: they fault only if executed.
 
 Assumes the file passed ``mcpc.arch.mcpb.read_mcpb`` (CRCs, digest, entry ranges).  Guarantees
-that DRAM regions of the memory map and the constant placement are consistent (InputError
-otherwise), so a run never writes outside DRAM while setting up.
+that DRAM regions of the memory map and the constant placement are consistent, and that every I/O
+binding is well formed (known dtype, concrete shape, a DRAM region of exactly its size inside DRAM)
+(InputError otherwise), so a run never writes outside DRAM or allocates what a corrupt size asks.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import numpy as np
 
 from mcpc.arch.isa import INSTR_BYTES, Instr, decode
 from mcpc.arch.mcpb import Program, read_mcpb
+from mcpc.arch.numerics import NUMPY_DTYPES
 from mcpc.arch.target import Target
 from mcpc.errors import InputError, McpcError
 
 from .decode import fast_decode
 from .execute import compile_extent, compile_instr, extent_register, illegal, is_trap
+from .machine import nbytes
 from .timing import instr_cost
 
 NO_NODE = "<unattributed>"
@@ -179,7 +182,66 @@ def from_program(program: Program, source: str = "<program>") -> LoadedProgram:
         extents=extents,
     )
     loaded.const_places = _check_memory_map(loaded)
+    _check_io(loaded)
     return loaded
+
+
+def _check_io(p: LoadedProgram) -> None:
+    """Every I/O binding of every entry is well formed and lies inside the program's DRAM."""
+    src, io = p.source, p.program.io
+    if not isinstance(io, dict):
+        raise InputError(f"{src}: section IOBD must map entry names to their bindings")
+    entries = p.entries
+    for entry, bindings in io.items():
+        if entry not in entries:
+            raise InputError(f"{src}: section IOBD names {entry!r}, which is not an entry point")
+        if not isinstance(bindings, dict):
+            raise InputError(f"{src}: section IOBD: the bindings of entry {entry!r} are not a map")
+        for kind in ("inputs", "outputs"):
+            items = bindings.get(kind, [])
+            if not isinstance(items, list):
+                raise InputError(f"{src}: section IOBD: {entry}.{kind} is not a list")
+            names = set()
+            for b in items:
+                name = _check_binding(src, f"{entry}.{kind}", b, p.dram_size)
+                if name in names:
+                    raise InputError(f"{src}: section IOBD: {entry}.{kind} binds {name!r} twice")
+                names.add(name)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_binding(src: str, where: str, b, dram_size: int) -> str:
+    if not isinstance(b, dict) or not isinstance(b.get("name"), str) or not b["name"]:
+        raise InputError(f"{src}: section IOBD: {where} has a malformed binding {b!r}")
+    what = f"{src}: I/O binding {b['name']!r} ({where})"
+    if b.get("dtype") not in NUMPY_DTYPES:
+        raise InputError(f"{what} has unknown dtype {b.get('dtype')!r}")
+    shape = b.get("shape")
+    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        raise InputError(f"{what} has a shape that is not a list of sizes: {shape!r}")
+    count = 1
+    for d in shape:
+        count *= d
+    length = nbytes(b["dtype"], count)
+    if "bytes" in b and b["bytes"] != length:
+        raise InputError(f"{what} declares {b['bytes']!r} bytes, its dtype and shape need {length}")
+    addr = b.get("dram")
+    if not _is_int(addr) or addr < 0 or addr + length > dram_size:
+        raise InputError(f"{what} ({length} bytes at {addr!r}) lies outside DRAM of {dram_size} bytes")
+    for key in ("valid_range", "range"):
+        bounds = b.get(key)
+        if bounds is not None and not (
+            isinstance(bounds, list) and len(bounds) == 2 and all(_is_int(v) for v in bounds)
+            and bounds[0] < bounds[1]
+        ):  # fmt: skip
+            raise InputError(f"{what} has a malformed {key} {bounds!r} (expected [low, high))")
+    for key in ("low", "high"):
+        if key in b and not _is_int(b[key]):
+            raise InputError(f"{what} has a malformed {key} {b[key]!r}")
+    return b["name"]
 
 
 def _check_memory_map(p: LoadedProgram) -> list[tuple[int, int, int]]:

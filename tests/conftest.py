@@ -1,7 +1,15 @@
 """Shared test helpers: run an ONNX model with ONNX Runtime / the ONNX reference evaluator, build
-single-node models, and the normalized max error every accuracy check uses."""
+single-node models, and the normalized max error every accuracy check uses.
+
+Skips: a test of our own code never skips.  The one legal skip is an optional extra that is not
+installed, taken through ``require_extra``; any other skip fails the run (``pytest_sessionfinish``)
+and every run prints how many tests skipped and why.
+"""
 
 from __future__ import annotations
+
+import importlib
+from types import ModuleType
 
 import numpy as np
 import onnx
@@ -67,3 +75,45 @@ def make_model(nodes, inputs, outputs, initializers=(), opset=17, name="test") -
 
 def vi(name: str, shape, elem=TensorProto.FLOAT):
     return helper.make_tensor_value_info(name, elem, shape)
+
+
+# -- skips ---------------------------------------------------------------------------------------
+
+OPTIONAL_EXTRA_SKIP = "optional extra not installed"
+_skipped: list[tuple[str, str]] = []
+
+
+def require_extra(module: str, extra: str) -> ModuleType:
+    """Import ``module`` from the optional extra ``extra``, or skip with the one allowed reason."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        pytest.skip(f"{OPTIONAL_EXTRA_SKIP}: {extra} ({err}); pip install -e '.[{extra}]'")
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    return str(longrepr[2] if isinstance(longrepr, tuple) else longrepr)
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _skipped.append((report.nodeid, _skip_reason(report)))
+
+
+def _forbidden_skips() -> list[tuple[str, str]]:
+    return [(node, why) for node, why in _skipped if OPTIONAL_EXTRA_SKIP not in why]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _forbidden_skips() and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    forbidden = _forbidden_skips()
+    terminalreporter.write_line(
+        f"skips: {len(_skipped)} ({len(_skipped) - len(forbidden)} for optional extras not installed)"
+    )
+    for node, why in forbidden:
+        terminalreporter.write_line(f"FORBIDDEN SKIP (our own code must fail, not skip): {node}: {why}")

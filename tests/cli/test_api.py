@@ -38,8 +38,8 @@ def test_load_model_missing_file(tmp_path):
 
 
 def test_compile_module_without_output_writes_nothing(tmp_path):
-    examples = pytest.importorskip("mcpc.examples")
-    pytest.importorskip("mcpc.ir.onnx_import")
+    from mcpc import examples
+
     paths = examples.build_examples(tmp_path)
     model = next(p for p in paths if p.name == "mlp.onnx")
     before = sorted(tmp_path.iterdir())

@@ -17,12 +17,9 @@ def run(args):
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """The bundled mlp compiled (fp32) with the real backend; skipped until the backend exists."""
-    import mcpc.backend
+    """The bundled mlp compiled (fp32) with the real backend."""
+    from mcpc import examples
 
-    if not hasattr(mcpc.backend, "compile_to_program"):
-        pytest.skip("the backend is not part of this build yet")
-    examples = pytest.importorskip("mcpc.examples")
     out = tmp_path_factory.mktemp("prog")
     examples.build_examples(out)
     result = run(["compile", str(out / "mlp.onnx"), "-c", "fp32", "--report-json", str(out / "r.json")])

@@ -95,5 +95,6 @@ def test_top_level_must_be_a_mapping(text, found):
 
 
 def test_dtype_vocabulary_matches_the_ir():
-    dtypes = pytest.importorskip("mcpc.ir.dtypes")
+    from mcpc.ir import dtypes
+
     assert set(DTYPE_NAMES) == set(dtypes.DTYPES)

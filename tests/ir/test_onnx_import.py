@@ -263,7 +263,7 @@ def test_shape_cross_check_reports_importer_bugs(monkeypatch):
     model = make_model(
         [helper.make_node("Relu", ["x"], ["y"], name="r")], [vi("x", [2, 3])], [vi("y", [2, 3])]
     )
-    monkeypatch.setattr(onnx_import_module, "_onnx_shapes", lambda proto, bound: {"y": [3, 2]})
+    monkeypatch.setattr(onnx_import_module, "_onnx_shapes", lambda proto, bound, label: {"y": [3, 2]})
     with pytest.raises(ImporterBug, match=r"node 'r'.*\[2, 3\].*\[3, 2\]") as e:
         import_onnx(model)
     assert e.value.exit_code == 70
