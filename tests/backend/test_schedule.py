@@ -316,3 +316,10 @@ def test_register_offset_hazards_are_found():
     instrs[8] = instrs[8].replace(wait=0)
     with pytest.raises(ScheduleError, match="race: #5 salu .* #8 load .* same reg r1"):
         check_hazards(instrs)
+
+
+def test_kernels_may_not_use_registers_the_token_rules_do_not_order():
+    with pytest.raises(ValueError, match="load uses scalar registers \\(dram_reg\\)"):
+        Kernel([Step(loads=[load(0, 0).replace(dram_reg=2)])])
+    with pytest.raises(ValueError, match="setr uses scalar registers"):
+        Kernel([Step(computes=[Instr("setr", dict(reg=1, value=4))])])
