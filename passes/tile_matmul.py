@@ -39,7 +39,7 @@ from mcpc.passes.manager import Pass, PassContext, register_pass
 
 # Parts each dim may be split into (more for long dims, via powers of two below).
 _PARTS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
-_MAX_FIELD = 65535  # matmul m/n/k are u16 in ISA v1
+_MAX_FIELD = 65535  # matmul m/n/k are u16 in the ISA
 _K_ALIGN = 64
 _SRAM_ALIGN_DEFAULT = 64
 

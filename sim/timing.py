@@ -17,8 +17,12 @@ The model (docs/simulator.md, "How cycles are counted", is the definition):
   weight_bytes_per_cycle); completion = issue + busy + stream_latency (m <= stream_max_rows,
   the weight-streaming path) or + pipeline_latency (the array's fill and drain).  Vector ops:
   busy = ceil(elements / lanes[in_dtype]), completion = issue + busy + latency (special
-  functions use sfu_lanes; vsel uses its dtype, transpose the unsigned type of its element
-  size).  setr, nop, halt: 1 cycle.
+  functions use sfu_lanes; vsel and vtopk use their dtype, transpose the unsigned type of its
+  element size); vtopk makes topk_k passes over the row (a selection network).  setr, salu,
+  setq, nop, halt: 1 cycle.
+* Every live ISA spec names its cost function here (``InstrSpec.cost``); ``COSTS`` maps each
+  mnemonic to it, resolved at import.  An instruction whose row count comes from a register is
+  costed for the rows it actually processes, when it executes (``execute.compile_extent``).
 * The EX engine is pipelined: it is free again after ``busy``; the next instruction waits for
   an earlier one's completion only when it reads or writes SRAM that one writes (the
   scoreboard, ``ex_dependencies``), so latency is paid along dependency chains.
@@ -31,7 +35,7 @@ import math
 from collections import deque
 from typing import Any, NamedTuple
 
-from mcpc.arch.isa import ENGINES, EX, SFU_FUNCS, Instr
+from mcpc.arch.isa import ENGINES, EX, SFU_FUNCS, Instr, resolve
 from mcpc.arch.numerics import NUMPY_DTYPES
 
 from .decode import Decoded
@@ -98,28 +102,36 @@ def vector_cost(i: Instr | Decoded, target: Any) -> Cost:
     op, vec = i.op, target.vector
     if op == "vun" and i.func in SFU_FUNCS:
         lanes = vec.sfu_lanes
-    elif op == "vsel":
+    elif op in ("vsel", "vtopk"):
         lanes = target.vector_lanes_for(i.dtype)
     elif op == "transpose":
         lanes = target.vector_lanes_for(_TRANSPOSE_LANES.get(i.elem_bytes, "i8"))
     else:
         lanes = target.vector_lanes_for(i.in_dtype)
-    return Cost(max(1, math.ceil(i.rows * i.cols / lanes)), vec.latency, 0, 0, 0)
+    passes = max(i.topk_k, 1) if op == "vtopk" else 1  # vtopk: a selection network, k passes
+    return Cost(max(1, passes * math.ceil(i.rows * i.cols / lanes)), vec.latency, 0, 0, 0)
 
 
-VECTOR_OPS = frozenset({"vbin", "vbini", "vun", "vred", "vsel", "transpose"})
+def topk_cost(i: Instr | Decoded, target: Any) -> Cost:
+    """vtopk: topk_k vector passes over each row, then the vector pipeline's latency."""
+    return vector_cost(i, target)
+
+
+def scalar_cost(i: Instr | Decoded, target: Any) -> Cost:
+    """setr, salu, setq, nop, halt: one cycle."""
+    return Cost(1, 0, 0, 0, 0)
+
+
+VECTOR_OPS = frozenset({"vbin", "vbini", "vun", "vred", "vsel", "transpose", "vtopk"})
 
 
 def instr_cost(i: Instr | Decoded, target: Any) -> Cost:
     """Cycles and traffic of one instruction on ``target`` (see the module docstring)."""
-    op = i.op
-    if op in DMA_OPS:
-        return dma_cost(i, target)
-    if op == "matmul":
-        return matmul_cost(i, target)
-    if op in VECTOR_OPS:
-        return vector_cost(i, target)
-    return Cost(1, 0, 0, 0, 0)
+    return COSTS[i.op](i, target)
+
+
+# Every live mnemonic -> the cost function its spec names (RuntimeError at import if one is missing).
+COSTS = resolve("cost", globals())
 
 
 # -- SRAM regions and the EX scoreboard ------------------------------------------------------------
@@ -173,6 +185,10 @@ def sram_regions(i: Instr | Decoded) -> tuple[tuple[Region, ...], tuple[Region, 
         reads = [_raw_region(i.cond, i.rows, cond_w, i.cond_stride) if i.cols else None, dst]
         reads.append(_region(i.src, i.rows, i.cols, i.src_stride, i.src_bcast, i.dtype))
         writes = [dst]
+    elif op == "vtopk":
+        reads = [_region(i.src, i.rows, i.cols, i.src_stride, 0, i.dtype)]
+        writes = [_region(i.dst, i.rows, i.topk_k, i.dst_stride, 0, i.dtype)]
+        writes.append(_region(i.idx, i.rows, i.topk_k, i.idx_stride, 0, "i32"))
     elif op == "transpose":
         eb = i.elem_bytes
         reads = [_raw_region(i.src, i.rows, i.cols * eb, i.src_stride * eb) if i.cols else None]
@@ -369,11 +385,14 @@ def simulate(recs: list[tuple], order: range, machine: Machine) -> tuple[list, l
         except _ILLEGAL_PY as exc:  # a field combination the kernels reject (e.g. int ** negative)
             raise Faulted(idx, f"illegal operation: {exc}") from None
         stall[e] += best_t - free[e]
-        end = best_t + r[5]
+        busy, tail = r[5], r[6]
+        if busy < 0:  # a run-time extent: the cost of what it actually did (execute.compile_extent)
+            busy, tail = r[4][-1][0][:2]
+        end = best_t + busy
         free[e] = end
         if r[7]:
             chan = end
-        end += r[6]
+        end += tail
         issue[idx - base] = best_t
         done[idx - base] = end
         if end > last[e]:
