@@ -1,4 +1,4 @@
-"""Textual assembly for ISA v1: a disassembler and a parser that round-trip.
+"""Textual assembly for the ISA: a disassembler and a parser that round-trip.
 
 One instruction per line::
 

@@ -1,4 +1,4 @@
-"""MCP 2026 ISA v1: one table kept as data, and the generic encoder/decoder driven by it.
+"""MCP 2026 ISA v2: one spec per instruction kept as data, and the generic encoder/decoder driven by it.
 
 The table lives in ``mcpc.arch.isa_table``; every public name of it is re-exported here.
 
@@ -28,10 +28,12 @@ from mcpc.errors import EncodeError, InputError
 # The table is data in its own module; its names stay importable from here, where callers look.
 from .isa_table import (  # noqa: F401
     ADDRESS_FIELDS,
+    DTYPE_BITS,
     DTYPE_BYTES,
     DTYPE_CODES,
     DTYPE_NAMES,
     ENGINES,
+    ENUM_BITS,
     ENUMS,
     EX,
     FIELD_DOCS,
@@ -39,11 +41,16 @@ from .isa_table import (  # noqa: F401
     INSTR_BITS,
     INSTR_BYTES,
     ISA,
+    ISA_VERSION,
     LD,
+    LIVE,
+    N_REGS,
     OPCODES,
     SFU_FUNCS,
     ST,
+    Access,
     InstrSpec,
+    resolve,
 )
 
 
@@ -144,14 +151,18 @@ def encode(instr: Instr) -> bytes:
     """Encode one instruction into its 32-byte word.
 
     Raises EncodeError naming the mnemonic, field, value and width when a value does not fit, for a
-    reserved opcode, for own-engine token bits and for ``setr r0``.
+    reserved opcode, for own-engine token bits and for a register field that must not be r0
+    (``setr r0``, ``salu rd=0``).
     """
     spec = instr.spec
     if spec.reserved:
-        raise EncodeError(f"{instr.op}: opcode {spec.opcode} is reserved in ISA v1 and cannot be encoded")
+        raise EncodeError(
+            f"{instr.op}: opcode {spec.opcode} is reserved in ISA v{ISA_VERSION} and cannot be encoded"
+        )
     _check_tokens(instr)
-    if instr.op == "setr" and instr.fields["reg"] == 0:
-        raise EncodeError("setr: r0 is hard-wired to 0 and cannot be set")
+    for name in spec.nonzero:
+        if instr.fields[name] == 0:
+            raise EncodeError(f"{instr.op}: {name}=r0 is hard-wired to 0 and cannot be set")
     word = spec.opcode | (instr.wait << 8) | (instr.signal << 11)
     pos = HEADER_BITS
     for name, bits, kind in spec.fields:
@@ -190,7 +201,7 @@ def _where(addr: int | None) -> str:
 def decode(word: bytes, addr: int | None = None) -> Instr:
     """Decode one 32-byte word.  Raises InputError naming ``addr`` (an instruction index) for a
     wrong length, an unknown or reserved opcode, a bad dtype/enum code, own-engine token bits or
-    non-zero bits above the last field."""
+    non-zero bits above the last field, or a register field that must not be r0."""
     if len(word) != INSTR_BYTES:
         raise InputError(f"{_where(addr)}: expected {INSTR_BYTES} bytes, got {len(word)}")
     bits_all = int.from_bytes(word, "little")
@@ -224,8 +235,9 @@ def decode(word: bytes, addr: int | None = None) -> Instr:
             values[name] = raw
     if bits_all >> pos:
         raise InputError(f"{_where(addr)}: {spec.mnemonic} has non-zero reserved bits above bit {pos}")
-    if spec.mnemonic == "setr" and values["reg"] == 0:
-        raise InputError(f"{_where(addr)}: setr targets r0, which is hard-wired to 0")
+    for name in spec.nonzero:
+        if values[name] == 0:
+            raise InputError(f"{_where(addr)}: {spec.mnemonic}.{name} targets r0, which is hard-wired to 0")
     return Instr(spec.mnemonic, values, wait, signal)
 
 

@@ -1,5 +1,13 @@
-"""The MCP 2026 ISA v1 as data: word geometry, engines, dtype codes, enums, field meanings and the
-instruction table (``ISA`` by mnemonic, ``OPCODES`` by number).
+"""The MCP 2026 ISA v2 as data: word geometry, engines, dtype codes, enums, field meanings and one
+``InstrSpec`` per instruction (``ISA`` by mnemonic, ``OPCODES`` by number).
+
+A spec is the single definition of an instruction: its fields and widths (hence the encoding),
+engine, documentation (``doc`` and ``semantics``, from which docs/isa.md is generated), what it
+reads and writes (``access``, used by the hazard checker and the scheduler), its IR-interpreter
+twin, and the names of its functional compiler in ``mcpc.sim.execute`` (``execute``) and of its
+cost function in ``mcpc.sim.timing`` (``cost``).  The simulator resolves those names when it is
+imported and refuses to start if a live spec lacks either, so adding an instruction is one spec
+here plus its handler, its cost and its tests.
 
 ``mcpc.arch.isa`` holds the generic encoder/decoder driven by this table and re-exports every
 public name here, so callers import from there.  Append only: opcodes are never reused; a table
@@ -9,14 +17,19 @@ wide for its bits) fails at import.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .dtypes import DTYPES
 
+ISA_VERSION = 2
 INSTR_BYTES = 32
 INSTR_BITS = INSTR_BYTES * 8
 HEADER_BITS = 14  # opcode u8 | wait u3 | signal u3
+DTYPE_BITS = 6  # width of every dtype field (room for 64 codes)
+ENUM_BITS = 8  # width of every function field (room for 256 functions)
+N_REGS = 16
 ENGINES = ("LD", "EX", "ST")
 LD, EX, ST = 0, 1, 2
 
@@ -25,9 +38,9 @@ DTYPE_CODES: dict[str, int] = {d.name: d.code for d in DTYPES.values()}
 DTYPE_NAMES: dict[int, str] = {v: k for k, v in DTYPE_CODES.items()}
 DTYPE_BYTES: dict[str, float] = {d.name: d.elem_bytes if d.packed else d.bits // 8 for d in DTYPES.values()}
 
+# Function enums.  Append only: a code keeps its meaning across versions of the same field.
 ENUMS: dict[str, tuple[str, ...]] = {
     "vbin": ("add", "sub", "mul", "div", "pow", "max", "min", "eq", "lt", "gt", "mod", "fmod"),
-    # 16 functions fill the 4-bit field: a new unary function needs a wider field (a new ISA version)
     "vun": (
         "copy",
         "neg",
@@ -45,15 +58,35 @@ ENUMS: dict[str, tuple[str, ...]] = {
         "cos",
         "log",
         "floor",
+        "round",
+        "silu",
     ),
-    "vred": ("sum", "max", "min"),
+    "vred": ("sum", "max", "min", "argmax"),
+    "salu": ("add", "sub", "mul", "min", "max", "eq", "ne", "lt", "le", "gt", "ge"),
 }
 # Unary functions executed by the special-function unit (timed with ``vector.sfu_lanes``).
 SFU_FUNCS = frozenset(
-    {"exp", "tanh", "erf", "sqrt", "recip", "rsqrt", "sigmoid", "gelu", "sin", "cos", "log"}
+    {"exp", "tanh", "erf", "sqrt", "recip", "rsqrt", "sigmoid", "gelu", "sin", "cos", "log", "silu"}
 )
 # Fields holding byte addresses: printed in hex by the disassembler.
-ADDRESS_FIELDS = frozenset({"dram", "sram", "sram_idx", "a", "b", "c", "dst", "src", "src0", "src1", "cond"})
+ADDRESS_FIELDS = frozenset(
+    {
+        "dram",
+        "sram",
+        "sram_idx",
+        "a",
+        "b",
+        "c",
+        "dst",
+        "src",
+        "src0",
+        "src1",
+        "cond",
+        "idx",
+        "zp_ptr",
+        "scale_ptr",
+    }
+)
 
 # One meaning per field name across the ISA (the docs' field tables are generated from this).
 FIELD_DOCS: dict[str, str] = {
@@ -102,15 +135,47 @@ FIELD_DOCS: dict[str, str] = {
     "imm": "float32 immediate used as the second operand",
     "rev": "1: compute imm OP src0 instead of src0 OP imm",
     "elem_bytes": "bytes per element (1, 2, 4 or 8)",
+    "rows_reg": "scalar register holding the run-time row count, clamped to [0, rows] (0 = `rows`)",
+    "count_reg": "scalar register holding the run-time index count, clamped to [0, count] (0 = `count`)",
+    "m_reg": "scalar register holding the run-time row count of A and C, clamped to [0, m] (0 = `m`)",
+    "rd": "destination scalar register r1..r15",
+    "rs1": "first source register (r0 reads 0)",
+    "rs2": "second source register, added to `simm` (r0 reads 0)",
+    "simm": "signed 32-bit immediate added to r[rs2]",
+    "idx": "SRAM byte address of the i32 indices (rows x k)",
+    "idx_stride": "elements between rows of idx",
+    "topk_k": "number of elements kept per row (k <= cols)",
+    "largest": "1: the k largest, descending; 0: the k smallest, ascending",
+    "scale_a": "activation scale (f32)",
+    "scale_w": "weight scale (f32), used when `scale_ptr` is 0",
+    "scale_o": "output scale (f32)",
+    "zp_ptr": "SRAM byte address of the zero points (0 = none)",
+    "scale_ptr": "SRAM byte address of the per-group weight scales (0 = none)",
+    "group_size": "elements of K sharing one scale (0 = one scale per tensor)",
 }
+
+
+Access = tuple[str, int, int, float, float, float, bool, int]
+"""One memory access of an instruction: ``(memory, base, rows, cols, row_stride, elem_size,
+is_write, offset_reg)``.  ``memory`` is ``"sram"``, ``"dram"``, ``"reg"`` (base = register number)
+or ``"qparam"`` (the QParam group); strides and sizes are in bytes; ``offset_reg`` is the scalar
+register added to ``base`` at run time (0 = none).  Row counts are the encoded maxima: a run-time
+extent only shrinks an access."""
 
 
 @dataclass(frozen=True)
 class InstrSpec:
-    """One row of the ISA table.  ``fields`` are ``(name, bits, kind)`` packed after the header.
+    """The definition of one instruction.  ``fields`` are ``(name, bits, kind)`` packed after the header.
 
-    kind: ``u`` unsigned, ``s`` two's complement, ``f32`` IEEE float32 bits, ``dtype`` (4-bit code
-    from DTYPE_CODES), ``enum:<table>`` (index into ENUMS[table]).
+    kind: ``u`` unsigned, ``s`` two's complement, ``f32`` IEEE float32 bits, ``dtype`` (code from
+    DTYPE_CODES), ``enum:<table>`` (index into ENUMS[table]).
+
+    ``execute`` names the function of ``mcpc.sim.execute`` that compiles a decoded instruction into
+    its functional handler; ``cost`` the function of ``mcpc.sim.timing`` giving its cycles and
+    traffic; ``access(fields)`` lists its memory and register accesses (``Access``); ``twin`` names
+    the kernel of ``mcpc.arch.numerics`` and the IR ops the interpreter runs with it; ``extent`` is
+    ``(count field, register field)`` when a register can set the count at run time; ``nonzero``
+    fields must not be 0 (``setr r0``); ``semantics`` is the reference text of docs/isa.md.
     """
 
     mnemonic: str
@@ -119,6 +184,13 @@ class InstrSpec:
     fields: tuple[tuple[str, int, str], ...]
     doc: str
     reserved: bool = False
+    execute: str = ""
+    cost: str = ""
+    access: Callable[[Mapping[str, Any]], list[Access]] | None = None
+    twin: str = ""
+    extent: tuple[str, str] | None = None
+    nonzero: tuple[str, ...] = ()
+    semantics: str = ""
 
     @property
     def field_names(self) -> tuple[str, ...]:
@@ -140,86 +212,321 @@ def _default(kind: str) -> Any:
 
 
 def _fields(text: str) -> tuple[tuple[str, int, str], ...]:
-    """Parse ``"dram u40, func enum:vbin:4, in_dtype dtype, imm f32"`` into field triples."""
+    """Parse ``"dram u40, func enum:vbin, in_dtype dtype, imm f32"`` into field triples."""
     out = []
     for item in filter(None, (p.strip() for p in text.split(","))):
         name, kind = item.split()
         if kind == "dtype":
-            out.append((name, 4, "dtype"))
+            out.append((name, DTYPE_BITS, "dtype"))
         elif kind == "f32":
             out.append((name, 32, "f32"))
         elif kind.startswith("enum:"):
-            _, table, bits = kind.split(":")
-            out.append((name, int(bits), f"enum:{table}"))
+            out.append((name, ENUM_BITS, kind))
         else:
             out.append((name, int(kind[1:]), kind[0]))
     return tuple(out)
 
 
-_DMA = "dram u40, dram_reg u4, sram u32, rows u20, row_bytes u24, dram_stride u32, sram_stride u24"
-_VBIN_HEAD = "func enum:vbin:4, in_dtype dtype, out_dtype dtype"
-# (mnemonic, opcode, engine, fields, doc, reserved).  Append only: opcodes are never reused.
-_TABLE: list[tuple[str, int, int, str, str, bool]] = [
-    ("illegal", 0, EX, "", "Reserved so that an all-zero word traps instead of executing.", True),
-    ("nop", 1, EX, "", "Does nothing for one cycle; carries wait/signal tokens.", False),
-    ("halt", 2, EX, "", "Ends the entry point once every engine has drained its queue.", False),
-    ("setr", 3, EX, "reg u4, value s32", "Sets scalar register `reg` (1..15) to `value`.", False),
-    ("load", 4, LD, _DMA,
-     "2-D strided DMA DRAM -> SRAM: `rows` rows of `row_bytes` bytes from `dram + r[dram_reg]`.",
-     False),
-    ("store", 5, ST, _DMA,
-     "2-D strided DMA SRAM -> DRAM: `rows` rows of `row_bytes` bytes to `dram + r[dram_reg]`.",
-     False),
-    ("gather", 6, LD,
-     "dram u40, sram_idx u32, count u20, row_bytes u24, dram_stride u32, sram u32, sram_stride u24, "
-     "limit u24",
-     "Indexed DMA: row i of dst = table row idx[i] (idx are i32 in SRAM at `sram_idx`).", False),
-    ("matmul", 7, EX,
-     "a u32, b u32, c u32, m u16, n u16, k u16, a_stride u20, b_stride u20, c_stride u20, "
-     "in_dtype dtype, acc u1, trans_b u1",
-     "C (f32, m x n) = [C +] A (m x k) · B (k x n); A and B are `in_dtype`.", False),
-    ("vbin", 8, EX,
-     f"{_VBIN_HEAD}, dst u32, src0 u32, src1 u32, rows u20, cols u20, dst_stride u20, "
-     "s0_stride u20, s1_stride u20, s0_bcast u1, s1_bcast u1",
-     "dst = func(src0, src1) elementwise over rows x cols; comparisons produce 0/1.", False),
-    ("vbini", 9, EX,
-     f"{_VBIN_HEAD}, dst u32, src0 u32, imm f32, rows u20, cols u20, dst_stride u20, s0_stride u20, "
-     "s0_bcast u1, rev u1",
-     "dst = func(src0, imm), or func(imm, src0) when `rev`.", False),
-    ("vun", 10, EX,
-     "func enum:vun:4, in_dtype dtype, out_dtype dtype, dst u32, src u32, rows u20, cols u20, "
-     "dst_stride u20, src_stride u20, src_bcast u1",
-     "dst = func(src) elementwise; `copy` with a dtype change is a cast.", False),
-    ("vred", 11, EX,
-     "func enum:vred:4, in_dtype dtype, out_dtype dtype, dst u32, src u32, rows u20, cols u20, "
-     "src_stride u20",
-     "Reduces each row of `cols` elements to one value; dst holds `rows` contiguous values.", False),
-    ("vsel", 12, EX,
-     "cond u32, src u32, dst u32, dtype dtype, rows u20, cols u20, cond_stride u20, src_stride u20, "
-     "dst_stride u20, cond_bcast u1, src_bcast u1",
-     "In-place select: dst = cond ? src : dst, cond is i1 (one byte per element).", False),
-    ("transpose", 13, EX,
-     "dst u32, src u32, rows u20, cols u20, elem_bytes u4, src_stride u20, dst_stride u20",
-     "dst[c][r] = src[r][c] for a rows x cols source.", False),
-    ("qmatmul", 14, EX, "", "Reserved: quantized MACs (int4/int8/fp8) scaled by a QParam group.", True),
-    ("setq", 15, EX, "", "Reserved: sets a QParam register group (scale_a, scale_w, scale_o).", True),
-    ("kvcomp", 16, EX, "", "Reserved: KV-cache compression (INT8 asymmetric, block-sparse top-k).", True),
-    ("kvdecomp", 17, EX, "", "Reserved: KV-cache decompression.", True),
-    ("entry", 18, EX, "", "Reserved: entry-point features (calls between entries).", True),
+# -- accesses (what each instruction reads and writes) ---------------------------------------------
+def _size(dtype: str) -> float:
+    return DTYPE_BYTES[dtype]
+
+
+def _sram(base: int, rows: int, cols: float, stride: float, size: float, write: bool = False) -> Access:
+    """A typed SRAM operand with strides in elements (``size`` bytes each)."""
+    return ("sram", base, rows, cols * size, stride * size, 1, write, 0)
+
+
+def _regs(f: Mapping[str, Any], *names: str) -> list[Access]:
+    """Register reads of the register fields ``names`` that are set (r0 reads as a constant)."""
+    return [("reg", f[n], 1, 1, 0, 1, False, 0) for n in names if f.get(n)]
+
+
+def _access_none(f: Mapping[str, Any]) -> list[Access]:
+    return []
+
+
+def _access_setr(f: Mapping[str, Any]) -> list[Access]:
+    return [("reg", f["reg"], 1, 1, 0, 1, True, 0)]
+
+
+def _access_salu(f: Mapping[str, Any]) -> list[Access]:
+    return [*_regs(f, "rs1", "rs2"), ("reg", f["rd"], 1, 1, 0, 1, True, 0)]
+
+
+def _access_setq(f: Mapping[str, Any]) -> list[Access]:
+    return [("qparam", 0, 1, 1, 0, 1, True, 0)]
+
+
+def _access_load(f: Mapping[str, Any]) -> list[Access]:
+    return _access_dma(f, False)
+
+
+def _access_store(f: Mapping[str, Any]) -> list[Access]:
+    return _access_dma(f, True)
+
+
+def _access_dma(f: Mapping[str, Any], store: bool) -> list[Access]:
+    rows = f["rows"]
+    sram = ("sram", f["sram"], rows, f["row_bytes"], f["sram_stride"], 1, not store, 0)
+    dram = ("dram", f["dram"], rows, f["row_bytes"], f["dram_stride"], 1, store, f["dram_reg"])
+    return [*_regs(f, "dram_reg", "rows_reg"), sram, dram]
+
+
+def _access_gather(f: Mapping[str, Any]) -> list[Access]:
+    table = ("dram", f["dram"], max(f["limit"], 1), f["row_bytes"], f["dram_stride"], 1, False, f["dram_reg"])
+    idx = _sram(f["sram_idx"], 1, f["count"], 0, 4)
+    dst = ("sram", f["sram"], f["count"], f["row_bytes"], f["sram_stride"], 1, True, 0)
+    return [*_regs(f, "dram_reg", "count_reg"), idx, table, dst]
+
+
+def _access_matmul(f: Mapping[str, Any]) -> list[Access]:
+    s = _size(f["in_dtype"])
+    bk, bn = (f["n"], f["k"]) if f["trans_b"] else (f["k"], f["n"])
+    out = [*_regs(f, "m_reg"), _sram(f["a"], f["m"], f["k"], f["a_stride"], s)]
+    out.append(_sram(f["b"], bk, bn, f["b_stride"], s))
+    if f["acc"]:
+        out.append(_sram(f["c"], f["m"], f["n"], f["c_stride"], 4))
+    return [*out, _sram(f["c"], f["m"], f["n"], f["c_stride"], 4, True)]
+
+
+def _access_elementwise(f: Mapping[str, Any], srcs: tuple[tuple[str, str, str], ...]) -> list[Access]:
+    rows, cols = f["rows"], f["cols"]
+    si, so = _size(f["in_dtype"]), _size(f["out_dtype"])
+    out = [_sram(f[a], rows, 1 if f[bc] else cols, f[st], si) for a, st, bc in srcs]
+    return [*_regs(f, "rows_reg"), *out, _sram(f["dst"], rows, cols, f["dst_stride"], so, True)]
+
+
+def _access_vbin(f: Mapping[str, Any]) -> list[Access]:
+    return _access_elementwise(f, (("src0", "s0_stride", "s0_bcast"), ("src1", "s1_stride", "s1_bcast")))
+
+
+def _access_vbini(f: Mapping[str, Any]) -> list[Access]:
+    return _access_elementwise(f, (("src0", "s0_stride", "s0_bcast"),))
+
+
+def _access_vun(f: Mapping[str, Any]) -> list[Access]:
+    return _access_elementwise(f, (("src", "src_stride", "src_bcast"),))
+
+
+def _access_vred(f: Mapping[str, Any]) -> list[Access]:
+    rows, si, so = f["rows"], _size(f["in_dtype"]), _size(f["out_dtype"])
+    src = _sram(f["src"], rows, f["cols"], f["src_stride"], si)
+    return [*_regs(f, "rows_reg"), src, _sram(f["dst"], 1, rows, 0, so, True)]
+
+
+def _access_vtopk(f: Mapping[str, Any]) -> list[Access]:
+    rows, k, s = f["rows"], f["topk_k"], _size(f["dtype"])
+    src = _sram(f["src"], rows, f["cols"], f["src_stride"], s)
+    vals = _sram(f["dst"], rows, k, f["dst_stride"], s, True)
+    return [*_regs(f, "rows_reg"), src, vals, _sram(f["idx"], rows, k, f["idx_stride"], 4, True)]
+
+
+def _access_vsel(f: Mapping[str, Any]) -> list[Access]:
+    rows, cols, s = f["rows"], f["cols"], _size(f["dtype"])
+    return [
+        *_regs(f, "rows_reg"),
+        _sram(f["cond"], rows, 1 if f["cond_bcast"] else cols, f["cond_stride"], 1),
+        _sram(f["src"], rows, 1 if f["src_bcast"] else cols, f["src_stride"], s),
+        _sram(f["dst"], rows, cols, f["dst_stride"], s),
+        _sram(f["dst"], rows, cols, f["dst_stride"], s, True),
+    ]
+
+
+def _access_transpose(f: Mapping[str, Any]) -> list[Access]:
+    s = f["elem_bytes"]
+    src = _sram(f["src"], f["rows"], f["cols"], f["src_stride"], s)
+    return [src, _sram(f["dst"], f["cols"], f["rows"], f["dst_stride"], s, True)]
+
+
+# -- the specs -------------------------------------------------------------------------------------
+_DMA = (
+    "dram u40, dram_reg u4, sram u32, rows u20, row_bytes u24, dram_stride u32, sram_stride u24, rows_reg u4"
+)
+_VBIN_HEAD = "func enum:vbin, in_dtype dtype, out_dtype dtype"
+_VECTOR = {"execute": "", "cost": "vector_cost", "extent": ("rows", "rows_reg")}
+
+
+def _spec(mnemonic: str, opcode: int, engine: int, fields: str, doc: str, **kw: Any) -> InstrSpec:
+    return InstrSpec(mnemonic, opcode, engine, _fields(fields), doc, **kw)
+
+
+def _reserved(mnemonic: str, opcode: int, doc: str, semantics: str = "") -> InstrSpec:
+    return InstrSpec(mnemonic, opcode, EX, (), doc, reserved=True, semantics=semantics)
+
+
+# Append only: opcodes are never reused.
+_SPECS: list[InstrSpec] = [
+    _reserved("illegal", 0, "Reserved so that an all-zero word traps instead of executing."),
+    _spec("nop", 1, EX, "", "Does nothing for one cycle; carries wait/signal tokens.",
+          execute="compile_nop", cost="scalar_cost", access=_access_none),
+    _spec("halt", 2, EX, "", "Ends the entry point once every engine has drained its queue.",
+          execute="compile_nop", cost="scalar_cost", access=_access_none,
+          semantics="The entry point ends when `halt` completes and every queue is empty."),
+    _spec("setr", 3, EX, "reg u4, value s32", "Sets scalar register `reg` (1..15) to `value`.",
+          execute="compile_setr", cost="scalar_cost", access=_access_setr, nonzero=("reg",),
+          semantics="`setr` with reg=0 is rejected by the encoder and the decoder."),
+    _spec("load", 4, LD, _DMA,
+          "2-D strided DMA DRAM -> SRAM: `rows` rows of `row_bytes` bytes from `dram + r[dram_reg]`.",
+          execute="compile_dma", cost="dma_cost", access=_access_load,
+          extent=("rows", "rows_reg"),
+          semantics="For r in 0..R-1 (R = `rows`, or the run-time extent): `SRAM[sram + r·sram_stride : "
+          "+row_bytes] = DRAM[dram + r[dram_reg] + r·dram_stride : +row_bytes]`. Any byte outside SRAM "
+          "or DRAM traps."),
+    _spec("store", 5, ST, _DMA,
+          "2-D strided DMA SRAM -> DRAM: `rows` rows of `row_bytes` bytes to `dram + r[dram_reg]`.",
+          execute="compile_dma", cost="dma_cost", access=_access_store,
+          extent=("rows", "rows_reg"),
+          semantics="For r in 0..R-1: `DRAM[dram + r[dram_reg] + r·dram_stride : +row_bytes] = "
+          "SRAM[sram + r·sram_stride : +row_bytes]`."),
+    _spec("gather", 6, LD,
+          "dram u40, sram_idx u32, count u20, row_bytes u24, dram_stride u32, sram u32, sram_stride u24, "
+          "limit u24, dram_reg u4, count_reg u4",
+          "Indexed DMA: row i of dst = table row idx[i] (idx are i32 in SRAM at `sram_idx`).",
+          execute="compile_dma", cost="dma_cost", access=_access_gather, extent=("count", "count_reg"),
+          semantics="For i in 0..C-1 (C = `count`, or the run-time extent): idx = the i32 at "
+          "`SRAM[sram_idx + 4i]`; idx outside [0, limit) traps; `SRAM[sram + i·sram_stride : +row_bytes] = "
+          "DRAM[dram + r[dram_reg] + idx·dram_stride : +row_bytes]`. Used for embedding look-ups now and "
+          "paged KV-cache block tables later (`dram_reg` selects the table at run time)."),
+    _spec("matmul", 7, EX,
+          "a u32, b u32, c u32, m u16, n u16, k u16, a_stride u20, b_stride u20, c_stride u20, "
+          "in_dtype dtype, acc u1, trans_b u1, m_reg u4",
+          "C (f32, m x n) = [C +] A (m x k) · B (k x n); A and B are `in_dtype`.",
+          execute="compile_matmul", cost="matmul_cost", access=_access_matmul, extent=("m", "m_reg"),
+          twin="numerics.matmul_tile (mcp.matmul, via numerics.matmul_2d)",
+          semantics="A[i][p] is at `a + (i·a_stride + p)·size(in_dtype)`; B[p][j] at `b + (p·b_stride + "
+          "j)·size`, or B[p][j] at `b + (j·b_stride + p)·size` when `trans_b`; C[i][j] (f32) at `c + "
+          "(i·c_stride + j)·4`. C = A·B computed in f32 (`numerics.matmul_tile`), then C += that "
+          "product when `acc` = 1, C = it when `acc` = 0."),
+    _spec("vbin", 8, EX,
+          f"{_VBIN_HEAD}, dst u32, src0 u32, src1 u32, rows u20, cols u20, dst_stride u20, "
+          "s0_stride u20, s1_stride u20, s0_bcast u1, s1_bcast u1, rows_reg u4",
+          "dst = func(src0, src1) elementwise over rows x cols; comparisons produce 0/1.",
+          **{**_VECTOR, "execute": "compile_vbin"}, access=_access_vbin,
+          twin="numerics.binary (mcp.add, mcp.sub, mcp.mul, mcp.div, mcp.pow, mcp.max, mcp.min, "
+          "mcp.eq, mcp.lt, mcp.gt, mcp.mod, mcp.fmod)",
+          semantics="dst[r][c] = func(src0[r][c], src1[r][c]) computed in the compute dtype of "
+          "`in_dtype` and stored as `out_dtype`; `eq lt gt` produce 0/1 (use out_dtype `i1`). src0 and "
+          "src1 share `in_dtype`. `mod` is the remainder with the divisor's sign (Python `%`), `fmod` "
+          "with the dividend's (C `fmod`); exact on integers, where a zero divisor gives 0 "
+          "(`numerics.binary`)."),
+    _spec("vbini", 9, EX,
+          f"{_VBIN_HEAD}, dst u32, src0 u32, imm f32, rows u20, cols u20, dst_stride u20, s0_stride u20, "
+          "s0_bcast u1, rev u1, rows_reg u4",
+          "dst = func(src0, imm), or func(imm, src0) when `rev`.",
+          **{**_VECTOR, "execute": "compile_vbini"}, access=_access_vbini,
+          twin="numerics.binary (the IR ops of vbin with a scalar constant operand)",
+          semantics="dst[r][c] = func(src0[r][c], imm), or func(imm, src0[r][c]) when `rev` = 1 (for "
+          "`sub div pow`). The immediate is converted to `in_dtype` once, as a constant tensor is."),
+    _spec("vun", 10, EX,
+          "func enum:vun, in_dtype dtype, out_dtype dtype, dst u32, src u32, rows u20, cols u20, "
+          "dst_stride u20, src_stride u20, src_bcast u1, rows_reg u4",
+          "dst = func(src) elementwise; `copy` with a dtype change is a cast.",
+          **{**_VECTOR, "execute": "compile_vun"}, access=_access_vun,
+          twin="numerics.unary / numerics.cast (every ops.UnaryOp, e.g. mcp.exp, mcp.round, mcp.silu; "
+          "mcp.cast)",
+          semantics="dst[r][c] = func(src[r][c]); `copy` with in_dtype ≠ out_dtype is a cast "
+          "(`numerics.cast`). `exp tanh erf sqrt recip rsqrt sigmoid gelu sin cos log silu` are "
+          "evaluated in f64 and rounded to f32, on the SFU lanes (`SFU_FUNCS`); `silu` is x·sigmoid(x). "
+          "`floor` and `round` (half to even: 0.5 → 0, 1.5 → 2, −2.5 → −2) are exact (keep −0.0, ±inf, "
+          "NaN) on the ALU lanes; ceil is `neg floor neg`."),
+    _spec("vred", 11, EX,
+          "func enum:vred, in_dtype dtype, out_dtype dtype, dst u32, src u32, rows u20, cols u20, "
+          "src_stride u20, rows_reg u4",
+          "Reduces each row of `cols` elements to one value; dst holds `rows` contiguous values.",
+          **{**_VECTOR, "execute": "compile_vred"}, access=_access_vred,
+          twin="numerics.row_reduce (mcp.reduce_sum, mcp.reduce_mean, mcp.reduce_max, mcp.argmax, "
+          "softmax steps)",
+          semantics="dst[r] = func over c of src[r][c]; dst holds `rows` contiguous values of "
+          "`out_dtype`. `argmax` gives the index of the first maximum (a NaN counts as the maximum, as "
+          "numpy's argmax), stored as `out_dtype` (use `i32`)."),
+    _spec("vsel", 12, EX,
+          "cond u32, src u32, dst u32, dtype dtype, rows u20, cols u20, cond_stride u20, src_stride u20, "
+          "dst_stride u20, cond_bcast u1, src_bcast u1, rows_reg u4",
+          "In-place select: dst = cond ? src : dst, cond is i1 (one byte per element).",
+          execute="compile_vsel", cost="vector_cost", access=_access_vsel, extent=("rows", "rows_reg"),
+          twin="numerics.select (mcp.select)",
+          semantics="dst[r][c] = cond[r][c] ? src[r][c] : dst[r][c]; cond is i1 (one byte per element)."),
+    _spec("transpose", 13, EX,
+          "dst u32, src u32, rows u20, cols u20, elem_bytes u4, src_stride u20, dst_stride u20",
+          "dst[c][r] = src[r][c] for a rows x cols source.",
+          execute="compile_transpose", cost="vector_cost", access=_access_transpose,
+          semantics="dst[c][r] = src[r][c] for r < rows, c < cols; elements are moved as raw "
+          "`elem_bytes`-byte values."),
+    _reserved("qmatmul", 14, "Reserved: quantized MACs (int4/int8/fp8) scaled by the QParam group.",
+              semantics="Quantized MACs: int4/int8 activations or weights, fp8 e4m3 weights, scaled by the "
+              "QParam group that `setq` sets (W4A16 with group-32 fp16 scales; int4 × fp8 with "
+              "scale_a/scale_w/scale_o)."),
+    _spec("setq", 15, EX,
+          "scale_a f32, scale_w f32, scale_o f32, zp_ptr u32, scale_ptr u32, group_size u16",
+          "Sets the QParam register group read by the quantized matmuls.",
+          execute="compile_setq", cost="scalar_cost", access=_access_setq,
+          semantics="Sets all six QParam registers at once (a later `setq` replaces the whole group). "
+          "Nothing in ISA v2 reads them yet: the quantized matmuls that do (`qmatmul`, still reserved) "
+          "come with quantization; the group and its pointers are defined now so that their encoding "
+          "is fixed. The pointers are stored, not dereferenced, so `setq` touches no memory."),
+    _reserved("kvcomp", 16, "Reserved: KV-cache compression (INT8 asymmetric, block-sparse top-k).",
+              semantics="INT8 asymmetric and block-sparse top-k KV compression, delta-coded indices, "
+              "CRC-8 per block."),
+    _reserved("kvdecomp", 17, "Reserved: KV-cache decompression."),
+    _reserved("entry", 18, "Reserved: entry-point features (calls between entries)."),
+    _spec("salu", 19, EX, "func enum:salu, rd u4, rs1 u4, rs2 u4, simm s32",
+          "Scalar ALU: r[rd] = func(r[rs1], r[rs2] + simm), 32-bit wrapping.",
+          execute="compile_salu", cost="scalar_cost", access=_access_salu, nonzero=("rd",),
+          twin="numerics.scalar_alu",
+          semantics="The second operand is `r[rs2] + simm`, so `rs2 = 0` gives an immediate and `simm = 0` "
+          "a register. `add sub mul` wrap to s32; `min max` are signed; the comparisons `eq ne lt le gt "
+          "ge` (signed) write 1 or 0. `rd = 0` is rejected like `setr r0`. With `rows_reg`, `m_reg` and "
+          "`count_reg` this is how a program's work follows a length known only at run time."),
+    _spec("vtopk", 20, EX,
+          "dtype dtype, dst u32, idx u32, src u32, rows u20, cols u20, topk_k u16, src_stride u20, "
+          "dst_stride u20, idx_stride u20, largest u1, rows_reg u4",
+          "Top-k of each row: the k values (dtype) and their i32 indices.",
+          execute="compile_vtopk", cost="topk_cost", access=_access_vtopk, extent=("rows", "rows_reg"),
+          twin="numerics.topk",
+          semantics="For each row r, the `topk_k` largest (`largest` = 1, descending) or smallest "
+          "(ascending) elements of src[r][0..cols) go to dst[r][0..k) and their column indices (i32) to "
+          "idx[r][0..k), as ONNX TopK (sorted=1): equal values keep ascending index order; NaN counts "
+          "as larger than +inf. `topk_k` > `cols` traps. A separate instruction rather than a `vred` "
+          "function because it writes two operands of k values per row."),
 ]  # fmt: skip
 
-ISA: dict[str, InstrSpec] = {
-    m: InstrSpec(m, op, eng, _fields(f), doc, res) for m, op, eng, f, doc, res in _TABLE
-}
+ISA: dict[str, InstrSpec] = {s.mnemonic: s for s in _SPECS}
 OPCODES: dict[int, InstrSpec] = {s.opcode: s for s in ISA.values()}
+LIVE = tuple(m for m, s in ISA.items() if not s.reserved)
+
+
+def resolve(kind: str, namespace: Mapping[str, Any]) -> dict[str, Callable]:
+    """Map every live mnemonic to the function its spec names in ``namespace`` (``kind`` is
+    ``"execute"`` or ``"cost"``).  Raises RuntimeError naming the instruction when one is missing,
+    so a spec without a handler or a cost fails when the simulator is imported."""
+    out, missing = {}, []
+    for m in LIVE:
+        name = getattr(ISA[m], kind)
+        fn = namespace.get(name) if name else None
+        if not callable(fn):
+            missing.append(f"{m} ({kind}={name!r})")
+        out[m] = fn
+    if missing:
+        raise RuntimeError(f"ISA specs without a {kind} function: {', '.join(missing)}")
+    return out
 
 
 def _check_table() -> None:
     # Import-time guard: a table edit that breaks an invariant fails loudly, not at encode time.
     assert len(OPCODES) == len(ISA) and sorted(OPCODES) == list(range(len(OPCODES)))
+    assert max(DTYPE_CODES.values()) < 1 << DTYPE_BITS
+    kinds: dict[str, tuple[int, str]] = {}
+    for spec in ISA.values():
+        for name, bits, kind in spec.fields:  # one meaning per field name: one width and kind
+            base = kind.split(":")[0]
+            assert kinds.setdefault(name, (bits, base)) == (bits, base), (spec.mnemonic, name)
     for spec in ISA.values():
         assert HEADER_BITS + sum(b for _, b, _ in spec.fields) <= INSTR_BITS, spec.mnemonic
         assert len(set(spec.field_names)) == len(spec.fields), spec.mnemonic
+        assert spec.reserved or (spec.execute and spec.cost and spec.access), spec.mnemonic
+        for name in (*spec.nonzero, *(spec.extent or ())):
+            assert name in spec.field_names, (spec.mnemonic, name)
         for name, bits, kind in spec.fields:
             assert name in FIELD_DOCS, name
             if kind.startswith("enum:"):

@@ -3,8 +3,8 @@
 Layout (all integers little-endian; docs/mcpb.md is the reference)::
 
     magic        8 bytes  b"MCPB\\0\\r\\n\\x1a"
-    version      u16 major (=1), u16 minor (=0)
-    flags        u32 (reserved, written 0, ignored by 1.x readers)
+    version      u16 major (=2), u16 minor (=0)
+    flags        u32 (reserved, written 0, ignored by 2.x readers)
     target name  u16 length + utf-8 bytes
     target hash  32 bytes: sha256 of the TRGT payload (the target's canonical JSON)
     sections     u32 count, then count x (tag 4 bytes, u64 offset, u64 size, u32 crc32)
@@ -30,10 +30,10 @@ from typing import Any
 from mcpc.errors import EncodeError, InputError
 from mcpc.fileio import write_atomic
 
-from .isa import INSTR_BYTES, Instr, decode_program
+from .isa import INSTR_BYTES, ISA_VERSION, Instr, decode_program
 
 MAGIC = b"MCPB\0\r\n\x1a"
-VERSION_MAJOR = 1
+VERSION_MAJOR = 2  # TEXT holds ISA v2 words (mcpc.arch.isa.ISA_VERSION)
 VERSION_MINOR = 0
 SECTION_ORDER = ("TEXT", "CNST", "ENTR", "IOBD", "MMAP", "DBUG", "TRGT", "META")
 _JSON_SECTIONS = {"ENTR": "entries", "IOBD": "io", "MMAP": "memory_map", "DBUG": "debug", "META": "meta"}
@@ -200,8 +200,15 @@ def _parse(data: bytes, source: str) -> Program:
     rd = _Reader(data, source)
     _, major, minor, _flags = _FIXED.unpack(rd.take(_FIXED.size, "header"))
     if major != VERSION_MAJOR:
+        why = (
+            f": version {major} files hold ISA v{major} instructions, whose encoding ISA v{ISA_VERSION} "
+            "changed; recompile the model with this toolchain"
+            if major < VERSION_MAJOR
+            else ""
+        )
         raise InputError(
-            f"{source}: unsupported .mcpb version {major}.{minor} (this toolchain reads {VERSION_MAJOR}.x)"
+            f"{source}: unsupported .mcpb version {major}.{minor} (this toolchain reads "
+            f"{VERSION_MAJOR}.x){why}"
         )
     (name_len,) = struct.unpack("<H", rd.take(2, "header"))
     name_bytes = rd.take(name_len, "header")

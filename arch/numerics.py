@@ -146,6 +146,10 @@ def _sigmoid(x64):
     return _special.expit(x64)
 
 
+def _silu(x64):
+    return x64 * _special.expit(x64)
+
+
 _UNARY_F64 = {
     "exp": np.exp,
     "tanh": np.tanh,
@@ -158,6 +162,7 @@ _UNARY_F64 = {
     "sin": np.sin,
     "cos": np.cos,
     "log": np.log,
+    "silu": _silu,
 }
 SPECIAL_FUNCTIONS = frozenset(_UNARY_F64)
 
@@ -176,6 +181,8 @@ def unary(func: str, x: np.ndarray, out: str) -> np.ndarray:
             r = np.abs(w)
         elif func == "floor":
             r = np.floor(w)  # exact in f32 (and the identity on ints)
+        elif func == "round":
+            r = np.rint(w) if w.dtype.kind == "f" else w  # half to even, exact in f32
         elif func == "relu":
             r = np.maximum(w, w.dtype.type(0))
         else:
@@ -202,9 +209,59 @@ def row_reduce(func: str, x2d: np.ndarray, out: str) -> np.ndarray:
         r = np.maximum.reduce(w, axis=-1)
     elif func == "min":
         r = np.minimum.reduce(w, axis=-1)
+    elif func == "argmax":
+        r = np.argmax(w, axis=-1)  # first maximum; a NaN counts as the maximum (numpy's rule)
     else:
         raise ValueError(f"unknown reduction {func!r}")
     return cast(np.asarray(r), out)
+
+
+def topk(x2d: np.ndarray, k: int, largest: bool, out: str) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` largest (descending) or smallest (ascending) elements of each row of ``x2d`` and
+    their column indices (int64), as ONNX TopK with sorted=1: equal values keep ascending index
+    order, a NaN counts as larger than +inf.  Values are stored as ``out`` (copied exactly)."""
+    w = np.ascontiguousarray(widen(x2d))
+    if w.dtype.kind == "f":
+        nan = np.isnan(w)
+        filled = np.where(nan, w.dtype.type(0), w)
+        # lexsort is stable; its last key is the primary one.
+        keys = (-filled, ~nan) if largest else (filled, nan)
+        order = np.lexsort(keys, axis=-1)
+    elif largest:
+        order = np.argsort(~w, axis=-1, kind="stable")  # ~ reverses the order of ints without overflow
+    else:
+        order = np.argsort(w, axis=-1, kind="stable")
+    idx = order[:, :k]
+    return cast(np.take_along_axis(w, idx, axis=-1), out), idx.astype(np.int64)
+
+
+# -- scalar registers ------------------------------------------------------------------------------
+_S32 = 1 << 32
+
+
+def _wrap32(v: int) -> int:
+    v &= _S32 - 1
+    return v - _S32 if v >> 31 else v
+
+
+_SCALAR = {
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "min": min,
+    "max": max,
+    "eq": lambda a, b: int(a == b),
+    "ne": lambda a, b: int(a != b),
+    "lt": lambda a, b: int(a < b),
+    "le": lambda a, b: int(a <= b),
+    "gt": lambda a, b: int(a > b),
+    "ge": lambda a, b: int(a >= b),
+}
+
+
+def scalar_alu(func: str, a: int, b: int) -> int:
+    """``func(a, b)`` on signed 32-bit register values, wrapped to s32 (the ``salu`` instruction)."""
+    return _wrap32(_SCALAR[func](_wrap32(a), _wrap32(b)))
 
 
 # -- matmul --------------------------------------------------------------------------------------

@@ -56,12 +56,21 @@ class _Strict(BaseModel):
 
 
 class MacSpec(_Strict):
-    """The matrix engine: a systolic array of ``array_rows`` x ``array_cols`` MAC cells."""
+    """The matrix engine: a systolic array of ``array_rows`` x ``array_cols`` MAC cells.
+
+    ``pipeline_latency`` is the array's fill and drain (paid once per dependency, not per
+    instruction: the engine is pipelined); ``weight_bytes_per_cycle`` the bandwidth at which the
+    engine ingests its B (weight) operand from SRAM; a matmul of at most ``stream_max_rows`` rows
+    takes the weight-streaming path, whose latency is ``stream_latency`` (docs/timing.md).
+    """
 
     array_rows: int = Field(gt=0)
     array_cols: int = Field(gt=0)
     macs_per_cycle: dict[str, int]
     pipeline_latency: int = Field(ge=0)
+    weight_bytes_per_cycle: float = Field(gt=0)
+    stream_max_rows: int = Field(ge=0)
+    stream_latency: int = Field(ge=0)
 
     _v = field_validator("macs_per_cycle")(_check_dtype_rates)
 

@@ -1,4 +1,4 @@
-"""The MCP 2026 backend: lowering IR ops to ISA v1 instructions, memory planning, scheduling, .mcpb.
+"""The MCP 2026 backend: lowering IR ops to ISA v2 instructions, memory planning, scheduling, .mcpb.
 
 ``compile_to_program(module, target, options)`` is the entry point; ``compile_report(program)``
 summarises a compiled program for ``--report-json``.  See docs/backend.md.

@@ -2,9 +2,10 @@
 
 ``replay_tokens`` replays the wait/signal bits (deadlock and balance check); ``check_hazards``
 verifies that every pair of instructions on different engines that touch the same SRAM or DRAM
-bytes (one of them writing) is ordered by the tokens, i.e. that the decoupled engines compute
-what the sequential reading of the stream computes.  ``footprint`` is the memory an instruction
-touches; the scheduler uses it too, so that what it orders and what is checked agree.
+bytes, scalar register or the QParam group (one of them writing) is ordered by the tokens, i.e.
+that the decoupled engines compute what the sequential reading of the stream computes.
+``footprint`` is the memory an instruction touches (from its ISA spec); the scheduler uses it
+too, so that what it orders and what is checked agree.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mcpc.arch.isa import DTYPE_BYTES, ENGINES, Instr
+from mcpc.arch.isa import ENGINES, N_REGS, Instr
+from mcpc.arch.numerics import scalar_alu
 
-# Instructions that touch no memory (their footprint is empty by definition, not by omission).
-NO_MEMORY = frozenset({"nop", "halt"})
+
+def _what(mem: int, lo: int, hi: int) -> str:
+    return f"r{lo}" if MEMORIES[mem] == "reg" else "group" if MEMORIES[mem] == "qparam" else "bytes"
 
 
 class ScheduleError(AssertionError):
@@ -69,6 +72,13 @@ def replay_tokens(instrs: Sequence[Instr]) -> list[tuple[int, int, int]]:
     return clocks
 
 
+# Memories of a footprint.  "reg" are the scalar registers (lo = register number), "qparam" the
+# QParam group; both are state the engines share, ordered by tokens like SRAM and DRAM bytes.
+MEMORIES = ("sram", "dram", "reg", "qparam")
+# A DRAM access offset by a register whose value is not known statically may touch any byte.
+DRAM_ANY = (0, 1 << 62)
+
+
 def _span(base: int, rows: int, cols: float, stride: float, size: float) -> tuple[int, int]:
     """Byte interval covering a strided (rows, cols) operand (conservative: includes row gaps)."""
     if rows <= 0 or cols <= 0:
@@ -76,77 +86,71 @@ def _span(base: int, rows: int, cols: float, stride: float, size: float) -> tupl
     return (base, base + math.ceil(((rows - 1) * stride + cols) * size))
 
 
-def _sram(base: int, rows: int, cols: float, stride: float, size: float, write: bool = False) -> tuple:
-    return ("sram", *_span(base, rows, cols, stride, size), write)
+def footprint(instr: Instr, regs: Sequence[int | None] | None = None) -> list[tuple[str, int, int, bool]]:
+    """Memory touched by ``instr``: ``(memory, lo, hi, is_write)`` with memory one of ``MEMORIES``.
 
-
-def footprint(instr: Instr) -> list[tuple[str, int, int, bool]]:
-    """Memory touched by ``instr``: ``(memory, lo, hi, is_write)`` with memory "sram" or "dram".
-
-    Strided operands are covered by one interval from the first to the last byte.  Raises
-    ScheduleError for an instruction whose memory it cannot describe (a DMA offset by a scalar
-    register, ``setr``, or a mnemonic it does not know), so that the race check cannot pass by
-    silently ignoring an access.
+    Read from the instruction's spec (``InstrSpec.access``).  Strided operands are covered by one
+    interval from the first to the last byte; a run-time row count is covered by its encoded
+    maximum.  A DRAM address offset by register r uses ``regs[r]`` when it is known (not None);
+    otherwise the access covers all of DRAM.  Raises ScheduleError for a mnemonic without an
+    access description, so that the race check cannot pass by silently ignoring an access.
     """
-    f, op = instr.fields, instr.op
-    if op in NO_MEMORY:
-        return []
-    if f.get("dram_reg", 0):
-        raise ScheduleError(f"{op}: a DRAM address offset by register r{f['dram_reg']} is not modelled")
-    if op in ("load", "store"):
-        dram = ("dram", *_span(f["dram"], f["rows"], f["row_bytes"], f["dram_stride"], 1), op == "store")
-        return [_sram(f["sram"], f["rows"], f["row_bytes"], f["sram_stride"], 1, op == "load"), dram]
-    if op == "gather":
-        table = ("dram", *_span(f["dram"], max(f["limit"], 1), f["row_bytes"], f["dram_stride"], 1), False)
-        idx = _sram(f["sram_idx"], 1, f["count"], 0, 4)
-        return [idx, table, _sram(f["sram"], f["count"], f["row_bytes"], f["sram_stride"], 1, True)]
-    if op == "matmul":
-        s = DTYPE_BYTES[f["in_dtype"]]
-        bk, bn = (f["n"], f["k"]) if f["trans_b"] else (f["k"], f["n"])
-        reads = [_sram(f["a"], f["m"], f["k"], f["a_stride"], s), _sram(f["b"], bk, bn, f["b_stride"], s)]
-        if f["acc"]:
-            reads.append(_sram(f["c"], f["m"], f["n"], f["c_stride"], 4))
-        return [*reads, _sram(f["c"], f["m"], f["n"], f["c_stride"], 4, True)]
-    if op in ("vbin", "vbini", "vun", "vred", "vsel", "transpose"):
-        return _vector_footprint(instr)
-    raise ScheduleError(f"{op}: no memory footprint is modelled for this instruction")
+    spec = instr.spec
+    if spec.access is None:
+        raise ScheduleError(f"{instr.op}: no memory footprint is modelled for this instruction")
+    out = []
+    for mem, base, rows, cols, stride, size, write, reg in spec.access(instr.fields):
+        if mem in ("reg", "qparam"):
+            out.append((mem, base, base + 1, write))
+            continue
+        lo, hi = _span(base, rows, cols, stride, size)
+        if reg:
+            value = None if regs is None else regs[reg]
+            if value is None:
+                lo, hi = DRAM_ANY if hi > lo else (0, 0)
+            else:
+                lo, hi = lo + value, hi + value
+        out.append((mem, lo, hi, write))
+    return out
 
 
-def _vector_footprint(instr: Instr) -> list[tuple[str, int, int, bool]]:
-    f, op = instr.fields, instr.op
-    rows, cols = f["rows"], f["cols"]
-    if op == "transpose":
-        s = f["elem_bytes"]
-        src = _sram(f["src"], rows, cols, f["src_stride"], s)
-        return [src, _sram(f["dst"], cols, rows, f["dst_stride"], s, True)]
-    if op == "vsel":
-        s = DTYPE_BYTES[f["dtype"]]
-        return [
-            _sram(f["cond"], rows, 1 if f["cond_bcast"] else cols, f["cond_stride"], 1),
-            _sram(f["src"], rows, 1 if f["src_bcast"] else cols, f["src_stride"], s),
-            _sram(f["dst"], rows, cols, f["dst_stride"], s),
-            _sram(f["dst"], rows, cols, f["dst_stride"], s, True),
-        ]
-    si, so = DTYPE_BYTES[f["in_dtype"]], DTYPE_BYTES[f["out_dtype"]]
-    if op == "vred":
-        return [_sram(f["src"], rows, cols, f["src_stride"], si), _sram(f["dst"], 1, rows, 0, so, True)]
-    if op == "vun":
-        srcs = [("src", "src_stride", "src_bcast")]
-    elif op == "vbin":
-        srcs = [("src0", "s0_stride", "s0_bcast"), ("src1", "s1_stride", "s1_bcast")]
-    else:
-        srcs = [("src0", "s0_stride", "s0_bcast")]
-    out = [_sram(f[a], rows, 1 if f[bc] else cols, f[st], si) for a, st, bc in srcs]
-    return [*out, _sram(f["dst"], rows, cols, f["dst_stride"], so, True)]
+def register_values(instrs: Sequence[Instr], initial: Sequence[int | None] | None = None) -> list[list]:
+    """The scalar registers as each instruction of the sequential stream sees them (before it runs).
+
+    ``initial`` gives r0..r15 at entry (None = unknown, e.g. set by the host); default all 0, as a
+    run starts.  ``setr`` makes a register known; ``salu`` computes it when its inputs are known.
+    """
+    regs: list[int | None] = list(initial) if initial is not None else [0] * N_REGS
+    regs[0] = 0
+    out = []
+    for instr in instrs:
+        out.append(list(regs))
+        f = instr.fields
+        if instr.op == "setr":
+            regs[f["reg"]] = f["value"]
+        elif instr.op == "salu":
+            a, b = regs[f["rs1"]], regs[f["rs2"]]
+            regs[f["rd"]] = None if a is None or b is None else scalar_alu(f["func"], a, b + f["simm"])
+        elif instr.spec.access is not None:
+            for acc in instr.spec.access(f):
+                if acc[0] == "reg" and acc[6]:  # a register written by a rule not known here
+                    regs[acc[1]] = None
+    return out
 
 
-def check_hazards(instrs: Sequence[Instr], extra: dict[int, list] | None = None) -> None:
+def check_hazards(
+    instrs: Sequence[Instr], extra: dict[int, list] | None = None, regs: Sequence[int | None] | None = None
+) -> None:
     """Raise ScheduleError unless the token bits order every cross-engine memory conflict.
 
     Two instructions on different engines conflict when their footprints overlap in the same
     memory and at least one writes; the one earlier in the stream must happen before the later
     one through the tokens (which is what makes the decoupled machine compute the same as the
     sequential stream).  Also checks token balance and deadlock freedom (``replay_tokens``).
+    Scalar registers and the QParam group are shared state too: a ``setr`` on EX and a ``load``
+    reading that register on LD must be ordered like a store and a load of the same bytes.  A
+    register-offset DRAM address is resolved with the register's value in the sequential stream
+    (``register_values``; ``regs`` gives the values at entry, None = unknown, default all 0).
     ``extra`` adds footprints by instruction index (for tests).  O(n^2) worst case: tests only.
     """
     clocks = replay_tokens(instrs)
@@ -156,10 +160,11 @@ def check_hazards(instrs: Sequence[Instr], extra: dict[int, list] | None = None)
         counts[instr.engine] += 1
         pos[i] = counts[instr.engine]
     rows: list[tuple[int, int, int, int, bool]] = []  # (instr, memory, lo, hi, write)
+    values = register_values(instrs, regs)
     for i, instr in enumerate(instrs):
-        for mem, lo, hi, w in footprint(instr) + list((extra or {}).get(i, [])):
+        for mem, lo, hi, w in footprint(instr, values[i]) + list((extra or {}).get(i, [])):
             if hi > lo:
-                rows.append((i, 0 if mem == "sram" else 1, lo, hi, w))
+                rows.append((i, MEMORIES.index(mem), lo, hi, w))
     if not rows:
         return
     arr = np.array([(i, m, lo, hi, int(w)) for i, m, lo, hi, w in rows], dtype=np.int64)
@@ -174,6 +179,6 @@ def check_hazards(instrs: Sequence[Instr], extra: dict[int, list] | None = None)
             if clocks[i][instrs[a].engine] < pos[a]:
                 raise ScheduleError(
                     f"race: #{a} {instrs[a].op} ({ENGINES[instrs[a].engine]}) and #{i} {instrs[i].op} "
-                    f"({ENGINES[instrs[i].engine]}) touch the same {('sram', 'dram')[mem]} bytes "
+                    f"({ENGINES[instrs[i].engine]}) touch the same {MEMORIES[mem]} {_what(mem, lo, hi)} "
                     "without a token ordering them"
                 )

@@ -296,9 +296,10 @@ def lower_layer_norm(op, ctx: LoweringContext) -> list[Kernel]:
     return row_kernel(op, ctx, axes, True, scratch, body, params=(scale, bias))
 
 
-@register_lowering(ops.ReduceSumOp, ops.ReduceMaxOp, ops.ReduceMeanOp)
+@register_lowering(ops.ReduceSumOp, ops.ReduceMaxOp, ops.ReduceMeanOp, ops.ArgMaxOp)
 def lower_reduce(op, ctx: LoweringContext) -> list[Kernel]:
-    """One ``vred`` per tile (reduce_mean: f32 sum then ``vbini div count``)."""
+    """One ``vred`` per tile (reduce_mean: f32 sum then ``vbini div count``; argmax: ``vred
+    argmax`` over whole rows, so the index is the row's)."""
     x = op.operands[0]
     xd, od = x.type.dtype.name, op.result.type.dtype.name
     axes = normalize_axes(op.attrs["axes"], x.type.rank)

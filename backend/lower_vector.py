@@ -162,6 +162,7 @@ _COMPARE = (ops.EqualOp, ops.LessOp, ops.GreaterOp)
 _UNARY = (
     ops.NegOp, ops.AbsOp, ops.ExpOp, ops.TanhOp, ops.ErfOp, ops.SqrtOp, ops.RsqrtOp,
     ops.ReciprocalOp, ops.ReluOp, ops.SigmoidOp, ops.GeluOp, ops.SinOp, ops.CosOp, ops.LogOp, ops.FloorOp,
+    ops.RoundOp, ops.SiluOp,
 )  # fmt: skip
 
 

@@ -18,6 +18,9 @@ Contract for lowerings (the scheduler relies on it, ``check_hazards`` verifies i
   up to and including this one (a matmul accumulating over K tiles straight into its output slot
   spans several steps).
 * If a kernel has stores, its last step has stores (nothing may run after the result leaves).
+* No scalar registers: the rules below order memory, not registers, so a kernel may not write
+  one (``setr``, ``salu``) or read one (a register offset or run-time extent); ``Kernel``
+  refuses them (``check_hazards`` models registers for streams built otherwise).
 
 Token rules inside a kernel (r = load rank, g = store rank of the step):
 
@@ -74,6 +77,8 @@ __all__ = [
 ]  # fmt: skip
 
 _NOP = Instr("nop", {})
+# Fields naming a scalar register (a write for setr/salu, a read otherwise).
+_REGISTER_FIELDS = ("reg", "rd", "rs1", "rs2", "dram_reg", "rows_reg", "count_reg", "m_reg")
 
 
 @dataclass
@@ -118,6 +123,12 @@ class Kernel:
                     if instr.engine != engine:
                         name = ENGINES[engine]
                         raise ValueError(f"step {i}: {instr.op} is not a {name} instruction ({what})")
+                    regs = [n for n in _REGISTER_FIELDS if instr.fields.get(n)]
+                    if regs:
+                        raise ValueError(
+                            f"step {i}: {instr.op} uses scalar registers ({', '.join(regs)}), which the "
+                            "scheduler's token rules do not order"
+                        )
         live = [s for s in self.steps if s]
         if any(s.stores for s in live) and not live[-1].stores:
             raise ValueError("a kernel with stores must end with a step that stores")

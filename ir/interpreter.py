@@ -138,6 +138,8 @@ _UNARY_OPS = (
     ops.CosOp,
     ops.LogOp,
     ops.FloorOp,
+    ops.RoundOp,
+    ops.SiluOp,
 )
 
 
@@ -238,6 +240,12 @@ def _reduce_rows(op: Operation, x: np.ndarray) -> tuple[np.ndarray, int]:
 def _reduce_sum(op, args):
     x2, _ = _reduce_rows(op, args[0])
     return [nx.row_reduce("sum", x2, _out(op)).reshape(op.result.type.shape)]
+
+
+@impl(ops.ArgMaxOp)
+def _argmax(op, args):
+    x2, _ = _reduce_rows(op, args[0])
+    return [nx.row_reduce("argmax", x2, _out(op)).reshape(op.result.type.shape)]
 
 
 @impl(ops.ReduceMeanOp)

@@ -95,6 +95,7 @@ _UNARY = {
     "Cos": ops.CosOp,
     "Log": ops.LogOp,
     "Floor": ops.FloorOp,
+    "Round": ops.RoundOp,
 }
 
 
@@ -364,6 +365,17 @@ def _reduce(ctx, ins):
         y = ctx.emit(ops.ReduceMaxOp, [ctx.emit(ops.CastOp, [x], {"to": U8})], attrs)
         return [ctx.emit(ops.CastOp, [y], {"to": I1})]
     return [ctx.emit(_REDUCE[ctx.node.op_type], [x], attrs)]
+
+
+@handles("ArgMax")
+def _argmax(ctx, ins):
+    if ctx.attr("select_last_index", 0):
+        raise ctx.unsupported("ArgMax with select_last_index=1 (the last maximum) is not supported")
+    x = ins[0]
+    if ctx.dtype(x) == I1:
+        x = ctx.emit(ops.CastOp, [x], {"to": U8})
+    axis = int(ctx.attr("axis", 0))
+    return [ctx.emit(ops.ArgMaxOp, [x], {"axes": [axis], "keepdims": bool(ctx.attr("keepdims", 1))})]
 
 
 # The constant, shape and data-movement handlers live in their own module and register into the

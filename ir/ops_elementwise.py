@@ -168,6 +168,18 @@ class FloorOp(UnaryOp):
     name, func = "mcp.floor", "floor"
 
 
+class RoundOp(UnaryOp):
+    """Nearest integer, ties to even (ONNX Round), exact (keeps -0.0, inf and NaN)."""
+
+    name, func = "mcp.round", "round"
+
+
+class SiluOp(UnaryOp):
+    """SiLU (swish), x·sigmoid(x), evaluated in f64 and rounded once."""
+
+    name, func = "mcp.silu", "silu"
+
+
 class CastOp(Operation):
     """``mcp.cast {to = f16}``: convert element type (rounding rules in numerics.cast)."""
 

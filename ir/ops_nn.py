@@ -9,6 +9,7 @@ against the operand's rank.
 from __future__ import annotations
 
 from mcpc.ir.core import Attr, Operation
+from mcpc.ir.dtypes import I64
 from mcpc.ir.ops_core import broadcast_shapes, normalize_axis
 from mcpc.ir.types import TensorType
 
@@ -183,3 +184,19 @@ class ReduceMaxOp(ReduceOp):
     """``mcp.reduce_max``: maximum over the axes (exact)."""
 
     name, func = "mcp.reduce_max", "max"
+
+
+class ArgMaxOp(ReduceOp):
+    """``mcp.argmax {axes = [a], keepdims}``: index (i64) of the first maximum along one axis; a NaN
+    counts as the maximum (ONNX ArgMax with select_last_index = 0)."""
+
+    name, func = "mcp.argmax", "argmax"
+
+    @classmethod
+    def infer_types(cls, operand_types, attrs):
+        if len(attrs["axes"]) != 1:
+            raise ValueError(f"argmax takes exactly one axis, got {list(attrs['axes'])}")
+        if operand_types[0].shape[normalize_axis(attrs["axes"][0], operand_types[0].rank)] == 0:
+            raise ValueError("argmax over an axis of 0 elements")
+        (result,) = super().infer_types(operand_types, attrs)
+        return [result.with_dtype(I64)]

@@ -18,6 +18,11 @@ tk of 64 elements) and split each dim into near-equal parts, restricted to tiles
 buffered slots (2 × (A + B) + 2 × output + an f32 accumulator when the output is not f32) fit
 the target's SRAM.  Large square matmuls get large tiles (compute-bound, near peak MACs); a
 one-row matmul gets steps short enough that the weight stream keeps the DRAM channel busy.
+
+The estimate is deliberately the simulator's earlier matmul charge (whole array passes, one
+pipeline latency per step), not the current one (docs/timing.md: rows actually present, latency
+on dependency chains): the tile fixes the f32 accumulation order along K, so changing the choice
+would change the output bits of programs compiled from the same model.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from mcpc.passes.manager import Pass, PassContext, register_pass
 
 # Parts each dim may be split into (more for long dims, via powers of two below).
 _PARTS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)
-_MAX_FIELD = 65535  # matmul m/n/k are u16 in ISA v1
+_MAX_FIELD = 65535  # matmul m/n/k are u16 in the ISA
 _K_ALIGN = 64
 _SRAM_ALIGN_DEFAULT = 64
 

@@ -21,7 +21,7 @@ from mcpc.errors import InputError, SimTrap
 
 from . import fastpath, numeric
 from .loader import LoadedProgram, from_program, load_program
-from .machine import PACKED, Machine, nbytes, pack4, unpack4
+from .machine import N_REGS, PACKED, Machine, nbytes, pack4, unpack4
 from .profile import build_profile, trace_events
 from .timing import Deadlock, Faulted, simulate
 
@@ -119,13 +119,20 @@ def run_program(
     entry: str = "main",
     trace: bool = False,
     timing_only: bool = False,
+    registers: dict[int, int] | None = None,
 ) -> SimResult:
     """Run entry point ``entry`` on ``inputs`` (name -> array) and collect outputs and the profile.
 
     With ``timing_only`` no value is computed: the inputs are checked (names, shapes, dtypes,
     ranges) but not stored, and the outputs dict is empty; cycles, profile and trace are exactly
-    those of the functional run (costs are static).  Traps that depend on data (a gather index
-    out of range, an integer to a negative power) are not detected in that mode.
+    those of the functional run (costs are static, or follow register values, which a timing-only
+    run still computes).  Traps that depend on data (a gather index out of range, an integer to a
+    negative power) are not detected in that mode.
+
+    ``registers`` sets scalar registers (number -> s32 value) before the first instruction: a
+    low-level hook for run-time extents until programs declare host registers by name.  A run with
+    registers set always starts from a fresh machine (the reuse of ``fastpath`` assumes the
+    registers start at zero).
 
     Raises InputError for an unknown entry, a missing or mis-shaped input (named), and SimTrap
     (naming the instruction address, mnemonic and ONNX node) when the program traps or deadlocks.
@@ -133,6 +140,9 @@ def run_program(
     order, io = _bindings(program, entry)
     src = program.source
     t = program.target
+    for reg, value in (registers or {}).items():
+        if not (0 < reg < N_REGS) or not -(1 << 31) <= value < 1 << 31:
+            raise InputError(f"register r{reg} = {value}: registers are r1..r{N_REGS - 1}, values s32")
     in_bindings = io.get("inputs", [])
     missing = [b["name"] for b in in_bindings if b["name"] not in inputs]
     if missing:
@@ -148,7 +158,9 @@ def run_program(
     if timing_only:
         m, recs = Machine(program.dram_size, t.sram.size_bytes), program.timing_recs()
     else:
-        plan = fastpath.plan(program, entry, order, [(a, a + raw.size) for a, raw in writes])
+        plan = None
+        if not registers:
+            plan = fastpath.plan(program, entry, order, [(a, a + raw.size) for a, raw in writes])
         if plan is None:  # a fresh machine: the constants copied in, everything else zero
             m, recs = Machine(program.dram_size, t.sram.size_bytes), program.recs
             consts = np.frombuffer(program.program.constants, dtype=np.uint8)
@@ -161,6 +173,8 @@ def run_program(
         for addr, raw in writes:
             m.dram[addr : addr + raw.size] = raw
     m.numeric = []  # a program's machine is reused from run to run
+    for reg, value in (registers or {}).items():
+        m.regs[reg] = int(value)
     try:
         # numpy's own overflow warnings would be noise: the numeric guards count and attribute them
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
@@ -184,6 +198,7 @@ def run_program(
         else:
             flat = np.frombuffer(m.dram, dtype=dt, count=count, offset=addr).copy()
         outputs[b["name"]] = flat.reshape(shape)
+    program.record_extents()
     profile = build_profile(program, entry, order, issue, done, stall)
     profile["tokens_left"] = tokens_left
     # no values in a timing-only run: nothing to check (None, not a "clean" that was never checked)

@@ -4,7 +4,8 @@
 the loader's main cost on large programs.  This module precomputes, from the same ISA table, one
 list of ``(name, shift, mask, kind, enum names)`` per opcode and decodes a word into a light
 ``Decoded`` object with the same field values.  Any anomaly (unknown or reserved opcode, bad
-dtype/enum code, token bits for the own engine, non-zero bits above the fields, ``setr r0``)
+dtype/enum code, token bits for the own engine, non-zero bits above the fields, ``setr r0``,
+``salu rd=0``)
 defers to ``isa.decode``, so error messages and edge cases are exactly the contract's; a
 property test checks that both decoders agree.
 """
@@ -47,7 +48,7 @@ def _layouts() -> dict[int, tuple]:
                 code, names = _KIND_ENUM, ENUMS[kind[5:]]
             fields.append((name, pos, (1 << bits) - 1, code, names, bits))
             pos += bits
-        out[spec.opcode] = (spec.mnemonic, spec.engine, tuple(fields), pos)
+        out[spec.opcode] = (spec.mnemonic, spec.engine, tuple(fields), pos, spec.nonzero)
     return out
 
 
@@ -62,7 +63,7 @@ def fast_decode(word: bytes) -> Decoded:
     layout = _LAYOUTS.get(bits & 0xFF)
     if layout is None:
         decode(word)  # raises the contract's message (unknown or reserved opcode)
-    op, engine, fields, top = layout
+    op, engine, fields, top, nonzero = layout
     wait, signal = (bits >> 8) & 7, (bits >> 11) & 7
     ok = not ((wait | signal) >> engine & 1) and not bits >> top
     values = {}
@@ -81,7 +82,7 @@ def fast_decode(word: bytes) -> Decoded:
         else:
             ok = ok and raw < len(names)
             values[name] = names[raw] if raw < len(names) else None
-    if not ok or (op == "setr" and values["reg"] == 0):
+    if not ok or (nonzero and any(values[n] == 0 for n in nonzero)):
         instr = decode(word)  # raises; if it did not, trust the definition
         return Decoded(instr.op, instr.engine, instr.wait, instr.signal, dict(instr.fields))
     return Decoded(op, engine, wait, signal, values)

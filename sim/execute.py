@@ -1,6 +1,8 @@
 """Functional semantics: one handler per mnemonic, computed with the shared numerics kernels.
 
-``compile_instr`` turns a decoded instruction into ``(handler, args, sram_hi)`` once, at load
+Each live ISA spec names its compile function here (``InstrSpec.execute``, e.g. ``compile_vun``);
+``COMPILERS`` maps every mnemonic to it and is resolved at import, so a spec without one fails
+loudly.  ``compile_instr`` turns a decoded instruction into ``(handler, args, sram_hi)`` once, at load
 time: operand descriptors are plain tuples ``(addr, rows, cols, row_step, col_step, np_dtype,
 packed)``
 so that executing an instruction only builds numpy views and calls one kernel.  Static faults
@@ -20,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from mcpc.arch.isa import Instr
+from mcpc.arch.isa import ISA, Instr, resolve
 from mcpc.arch.numerics import (
     NUMPY_DTYPES,
     binary,
@@ -29,8 +31,10 @@ from mcpc.arch.numerics import (
     matmul_prepared,
     matmul_tile,
     row_reduce,
+    scalar_alu,
     select,
     tile_operand,
+    topk,
     unary,
 )
 
@@ -56,6 +60,16 @@ def _setr(m: Machine, a: tuple) -> None:
     m.regs[a[0]] = a[1]
 
 
+def _salu(m: Machine, a: tuple) -> None:
+    rd, func, rs1, rs2, imm = a
+    r = m.regs
+    r[rd] = scalar_alu(func, r[rs1], r[rs2] + imm)
+
+
+def _setq(m: Machine, a: tuple) -> None:
+    m.qparams = a[0]
+
+
 def _load(m: Machine, a: tuple) -> None:
     dram, reg, rows, row_bytes, dram_stride, sram, sram_stride = a
     src = dram_rows(m, dram + m.regs[reg], rows, row_bytes, dram_stride)
@@ -69,7 +83,8 @@ def _store(m: Machine, a: tuple) -> None:
 
 
 def _gather(m: Machine, a: tuple) -> None:
-    dram, idx_addr, count, row_bytes, dram_stride, sram, sram_stride, limit = a
+    dram, idx_addr, count, row_bytes, dram_stride, sram, sram_stride, limit, reg = a
+    dram += m.regs[reg]
     idx = np.array(view(m.sram, idx_addr, count, 1, 4, 4, _I32)[:, 0], dtype=np.int64)
     lo, hi = int(idx.min()), int(idx.max())
     if lo < 0 or hi >= limit:
@@ -165,6 +180,14 @@ def _vred(m: Machine, a: tuple) -> None:
     _put(s, D, row_reduce(func, _get(s, S), out)[None, :])  # D is one row of `rows` values
 
 
+def _vtopk(m: Machine, a: tuple) -> None:
+    S, D, I, k, largest, dtype = a
+    s = m.sram
+    vals, idx = topk(_get(s, S), k, largest, dtype)
+    _put(s, D, vals)
+    _put(s, I, idx)
+
+
 def _vsel(m: Machine, a: tuple) -> None:
     Cd, S, D, dtype = a
     s = m.sram
@@ -183,7 +206,7 @@ def _transpose(m: Machine, a: tuple) -> None:
 
 def _dma_check(m: Machine, a: tuple) -> None:
     """Timing-only twin of load/store: the DRAM address check alone (the register offset is data
-    independent: only ``setr`` writes registers)."""
+    independent: only ``setr`` and ``salu`` write registers, and both run in timing-only mode)."""
     dram_check(m, a[0] + m.regs[a[1]], a[2], a[3], a[4])
 
 
@@ -194,7 +217,8 @@ SOURCES = {_matmul: (0, 1), _vbin: (1, 2), _vbini: (1,), _vun: (1,), _vred: (1,)
 SOURCES.update({_fill0: (), _transpose: (0,)})
 LOAD, STORE, GATHER, MATMUL, SETR, TRAP, NOP = _load, _store, _gather, _matmul, _setr, _trap, _nop
 _TIMING_TWINS = {_load: _dma_check, _store: _dma_check, _setr: _setr, _trap: _trap, _nop: _nop}
-_TIMING_TWINS.update(dict.fromkeys((_gather, _matmul, _matmul_cached, *DESTINATION), _nop))
+_TIMING_TWINS.update({_salu: _salu, _setq: _setq})  # register writes: run-time extents follow them
+_TIMING_TWINS.update(dict.fromkeys((_gather, _matmul, _matmul_cached, _vtopk, *DESTINATION), _nop))
 
 
 def timing_twin(fn: Handler) -> Handler:
@@ -204,6 +228,18 @@ def timing_twin(fn: Handler) -> Handler:
     that depend on data (a gather index out of range, an integer to a negative power) are not
     detected.  A handler not listed here runs as itself (it may write registers)."""
     return _TIMING_TWINS.get(fn, fn)
+
+
+def _extent(m: Machine, a: tuple) -> None:
+    """An instruction whose row count comes from a register: run its variant for that count."""
+    reg, cap, variants, make, cell = a
+    n = m.regs[reg]
+    n = 0 if n < 0 else cap if n > cap else n
+    v = variants.get(n)
+    if v is None:
+        v = variants[n] = make(n)
+    cell[0] = v[2]  # the cost of the rows actually processed, read by the event loop
+    v[0](m, v[1])
 
 
 # -- compilation -------------------------------------------------------------------------------
@@ -239,14 +275,31 @@ class _Bounds:
         self.hi = max(self.hi, hi)
 
 
-def _compile_dma(i: Instr | Decoded, b: _Bounds) -> tuple[Handler, tuple]:
+def compile_nop(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
+    return _nop, ()
+
+
+def compile_setr(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
+    return _setr, (i.reg, i.value)
+
+
+def compile_salu(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
+    return _salu, (i.rd, i.func, i.rs1, i.rs2, i.simm)
+
+
+def compile_setq(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
+    group = (i.scale_a, i.scale_w, i.scale_o, i.zp_ptr, i.scale_ptr, i.group_size)
+    return _setq, (group,)
+
+
+def compile_dma(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
     if i.op == "gather":
         b.raw("index", i.sram_idx, i.count, 1, 4, 4, _I32)
         b.raw("destination", i.sram, i.count, i.row_bytes, i.sram_stride, 1, _U8)
         if i.count == 0 or i.row_bytes == 0:
             return _nop, ()
         args = (i.dram, i.sram_idx, i.count, i.row_bytes, i.dram_stride, i.sram, i.sram_stride, i.limit)
-        return _gather, args
+        return _gather, (*args, i.dram_reg)
     b.raw("SRAM side", i.sram, i.rows, i.row_bytes, i.sram_stride, 1, _U8)
     if i.rows == 0 or i.row_bytes == 0:
         return _nop, ()
@@ -254,58 +307,85 @@ def _compile_dma(i: Instr | Decoded, b: _Bounds) -> tuple[Handler, tuple]:
     return (_load if i.op == "load" else _store), args
 
 
-def _compile_compute(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
-    op = i.op
-    if op == "matmul":
-        if i.in_dtype not in target.mac.macs_per_cycle:
-            raise Fault(f"illegal instruction: target {target.name} has no matmul rate for {i.in_dtype}")
-        A = b.operand("A", i.a, i.m, i.k, i.a_stride, 0, i.in_dtype)
-        if i.trans_b:
-            B = b.operand("B", i.b, i.n, i.k, i.b_stride, 0, i.in_dtype)
-        else:
-            B = b.operand("B", i.b, i.k, i.n, i.b_stride, 0, i.in_dtype)
-        C = b.operand("C", i.c, i.m, i.n, i.c_stride, 0, "f32")
-        if i.m == 0 or i.n == 0:
-            return _nop, ()
-        if i.k == 0:  # an empty product: C = 0 (or unchanged when accumulating)
-            return (_nop, ()) if i.acc else (_fill0, (C,))
-        return _matmul, (A, B, C, i.trans_b, i.acc)
+def compile_matmul(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
+    if i.in_dtype not in target.mac.macs_per_cycle:
+        raise Fault(f"illegal instruction: target {target.name} has no matmul rate for {i.in_dtype}")
+    A = b.operand("A", i.a, i.m, i.k, i.a_stride, 0, i.in_dtype)
+    if i.trans_b:
+        B = b.operand("B", i.b, i.n, i.k, i.b_stride, 0, i.in_dtype)
+    else:
+        B = b.operand("B", i.b, i.k, i.n, i.b_stride, 0, i.in_dtype)
+    C = b.operand("C", i.c, i.m, i.n, i.c_stride, 0, "f32")
+    if i.m == 0 or i.n == 0:
+        return _nop, ()
+    if i.k == 0:  # an empty product: C = 0 (or unchanged when accumulating)
+        return (_nop, ()) if i.acc else (_fill0, (C,))
+    return _matmul, (A, B, C, i.trans_b, i.acc)
+
+
+def compile_vbin(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
     rows, cols = i.rows, i.cols
-    if op == "vbin":
-        S0 = b.operand("src0", i.src0, rows, cols, i.s0_stride, i.s0_bcast, i.in_dtype)
-        S1 = b.operand("src1", i.src1, rows, cols, i.s1_stride, i.s1_bcast, i.in_dtype)
-        D = b.operand("dst", i.dst, rows, cols, i.dst_stride, 0, i.out_dtype)
-        return _vbin, (i.func, S0, S1, D, i.out_dtype)
-    if op == "vbini":
-        S0 = b.operand("src0", i.src0, rows, cols, i.s0_stride, i.s0_bcast, i.in_dtype)
-        D = b.operand("dst", i.dst, rows, cols, i.dst_stride, 0, i.out_dtype)
-        # The immediate is an operand of in_dtype: converted once, exactly as a constant tensor is.
-        imm = cast(np.asarray(np.float32(i.imm)), i.in_dtype)
-        return _vbini, (i.func, S0, imm, i.rev, D, i.out_dtype)
-    if op == "vun":
-        S = b.operand("src", i.src, rows, cols, i.src_stride, i.src_bcast, i.in_dtype)
-        D = b.operand("dst", i.dst, rows, cols, i.dst_stride, 0, i.out_dtype)
-        return _vun, (i.func, S, D, i.out_dtype)
-    if op == "vred":
-        S = b.operand("src", i.src, rows, cols, i.src_stride, 0, i.in_dtype)
-        D = b.operand("dst", i.dst, 1, rows, 0, 0, i.out_dtype)
-        if cols == 0 and rows > 0:
-            raise Fault("illegal instruction: vred over rows of 0 elements")
-        return _vred, (i.func, S, D, i.out_dtype)
-    if op == "vsel":
-        Cd = b.raw("cond", i.cond, rows, cols, i.cond_stride, 0 if i.cond_bcast else 1, _U8)
-        S = b.operand("src", i.src, rows, cols, i.src_stride, i.src_bcast, i.dtype)
-        D = b.operand("dst", i.dst, rows, cols, i.dst_stride, 0, i.dtype)
-        return _vsel, (Cd, S, D, i.dtype)
-    if op == "transpose":
-        dt = _ELEM_DTYPES.get(i.elem_bytes)
-        if dt is None:
-            raise Fault(f"illegal instruction: transpose elem_bytes={i.elem_bytes} (must be 1, 2, 4 or 8)")
-        eb = i.elem_bytes
-        S = b.raw("src", i.src, rows, cols, i.src_stride * eb, eb, dt)
-        D = b.raw("dst", i.dst, cols, rows, i.dst_stride * eb, eb, dt)
-        return _transpose, (S, D)
-    raise Fault(f"illegal instruction: no handler for {op}")
+    S0 = b.operand("src0", i.src0, rows, cols, i.s0_stride, i.s0_bcast, i.in_dtype)
+    S1 = b.operand("src1", i.src1, rows, cols, i.s1_stride, i.s1_bcast, i.in_dtype)
+    D = b.operand("dst", i.dst, rows, cols, i.dst_stride, 0, i.out_dtype)
+    return _vbin, (i.func, S0, S1, D, i.out_dtype)
+
+
+def compile_vbini(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
+    rows, cols = i.rows, i.cols
+    S0 = b.operand("src0", i.src0, rows, cols, i.s0_stride, i.s0_bcast, i.in_dtype)
+    D = b.operand("dst", i.dst, rows, cols, i.dst_stride, 0, i.out_dtype)
+    # The immediate is an operand of in_dtype: converted once, exactly as a constant tensor is.
+    imm = cast(np.asarray(np.float32(i.imm)), i.in_dtype)
+    return _vbini, (i.func, S0, imm, i.rev, D, i.out_dtype)
+
+
+def compile_vun(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
+    S = b.operand("src", i.src, i.rows, i.cols, i.src_stride, i.src_bcast, i.in_dtype)
+    D = b.operand("dst", i.dst, i.rows, i.cols, i.dst_stride, 0, i.out_dtype)
+    return _vun, (i.func, S, D, i.out_dtype)
+
+
+def compile_vred(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
+    rows, cols = i.rows, i.cols
+    S = b.operand("src", i.src, rows, cols, i.src_stride, 0, i.in_dtype)
+    D = b.operand("dst", i.dst, 1, rows, 0, 0, i.out_dtype)
+    if cols == 0 and rows > 0:
+        raise Fault("illegal instruction: vred over rows of 0 elements")
+    return _vred, (i.func, S, D, i.out_dtype)
+
+
+def compile_vtopk(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
+    rows, cols, k = i.rows, i.cols, i.topk_k
+    if k > cols:
+        raise Fault(f"illegal instruction: vtopk keeps topk_k={k} of rows of {cols} elements")
+    S = b.operand("src", i.src, rows, cols, i.src_stride, 0, i.dtype)
+    D = b.operand("dst", i.dst, rows, k, i.dst_stride, 0, i.dtype)
+    I = b.operand("idx", i.idx, rows, k, i.idx_stride, 0, "i32")  # noqa: E741
+    return _vtopk, (S, D, I, k, bool(i.largest), i.dtype)
+
+
+def compile_vsel(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
+    rows, cols = i.rows, i.cols
+    Cd = b.raw("cond", i.cond, rows, cols, i.cond_stride, 0 if i.cond_bcast else 1, _U8)
+    S = b.operand("src", i.src, rows, cols, i.src_stride, i.src_bcast, i.dtype)
+    D = b.operand("dst", i.dst, rows, cols, i.dst_stride, 0, i.dtype)
+    return _vsel, (Cd, S, D, i.dtype)
+
+
+def compile_transpose(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
+    dt = _ELEM_DTYPES.get(i.elem_bytes)
+    if dt is None:
+        raise Fault(f"illegal instruction: transpose elem_bytes={i.elem_bytes} (must be 1, 2, 4 or 8)")
+    eb = i.elem_bytes
+    S = b.raw("src", i.src, i.rows, i.cols, i.src_stride * eb, eb, dt)
+    D = b.raw("dst", i.dst, i.cols, i.rows, i.dst_stride * eb, eb, dt)
+    return _transpose, (S, D)
+
+
+# Every live mnemonic -> the compile function its spec names (RuntimeError at import if one is missing).
+COMPILERS: dict[str, Callable] = resolve("execute", globals())
+_NO_OPERANDS = frozenset({_nop, _setr, _salu, _setq})
 
 
 def compile_instr(instr: Instr | Decoded, target: Any) -> tuple[Handler, tuple, int]:
@@ -315,25 +395,53 @@ def compile_instr(instr: Instr | Decoded, target: Any) -> tuple[Handler, tuple, 
     """
     b = _Bounds(target.sram.size_bytes)
     try:
-        op = instr.op
-        if op in ("nop", "halt"):
-            fn, args = _nop, ()
-        elif op == "setr":
-            fn, args = _setr, (instr.reg, instr.value)
-        elif op in ("load", "store", "gather"):
-            fn, args = _compile_dma(instr, b)
-        else:
-            fn, args = _compile_compute(instr, b, target)
-        if fn is not _nop and fn is not _setr and _empty(args):
+        compiler = COMPILERS.get(instr.op)
+        if compiler is None:
+            raise Fault(f"illegal instruction: no handler for {instr.op}")
+        fn, args = compiler(instr, b, target)
+        if fn not in _NO_OPERANDS and _empty(args):
             fn, args = _nop, ()
     except Fault as exc:
         return _trap, (str(exc),), 0
     return fn, args, b.hi
 
 
+def extent_register(instr: Instr | Decoded) -> int:
+    """The register setting ``instr``'s row count at run time (its spec's ``extent``), 0 if none."""
+    extent = ISA[instr.op].extent
+    return getattr(instr, extent[1]) if extent else 0
+
+
+def compile_extent(
+    instr: Instr | Decoded, target: Any, cost: Callable, static_cost: Any
+) -> tuple[Handler, tuple]:
+    """The handler of an instruction whose count field comes from a register (``extent_register``).
+
+    At run time the register's value, clamped to [0, encoded count], selects a variant compiled
+    (and costed with ``cost``) for exactly that count; each variant is built once per program.  The
+    encoded count is the capacity: the static SRAM bounds checked for it hold for every variant.
+    ``args[-1][0]`` is the cost of the last execution (``static_cost`` before any).
+    """
+    count_field, reg_field = ISA[instr.op].extent
+    names = ISA[instr.op].field_names
+    fields = {n: getattr(instr, n) for n in names}
+
+    def make(n: int) -> tuple[Handler, tuple, Any]:
+        d = Decoded(instr.op, instr.engine, instr.wait, instr.signal, {**fields, count_field: n})
+        fn, args, _ = compile_instr(d, target)
+        return fn, args, cost(d, target)
+
+    return _extent, (getattr(instr, reg_field), fields[count_field], {}, make, [static_cost])
+
+
 def _empty(args: tuple) -> bool:
     # An operand with no elements makes the whole instruction a no-op (no bytes are touched).
     return any(isinstance(x, tuple) and len(x) == 7 and (x[1] == 0 or x[2] == 0) for x in args)
+
+
+def is_trap(fn: Handler) -> bool:
+    """Whether ``fn`` is the trapping handler of a static fault."""
+    return fn is _trap
 
 
 def illegal(message: str) -> tuple[Handler, tuple, int]:

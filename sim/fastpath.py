@@ -124,6 +124,7 @@ def machine_for_run(program: Any, plan: Plan) -> Machine:
             st.restore(lo, hi)
         m.sram[: st.sram_hi] = 0
         m.regs[:] = [0] * len(m.regs)
+        m.qparams = Machine(0, 0).qparams  # the QParam group as a fresh machine has it
     # what this run may change, recorded before it starts (a trap leaves a subset of it written)
     st.dirty = list(plan.dirty)
     st.sram_hi = max(plan.sram_hi, 0)

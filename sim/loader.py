@@ -26,9 +26,9 @@ from mcpc.errors import InputError, McpcError
 
 from . import numeric
 from .decode import fast_decode
-from .execute import compile_instr, illegal, timing_twin
+from .execute import compile_extent, compile_instr, extent_register, illegal, is_trap, timing_twin
 from .machine import nbytes
-from .timing import instr_cost
+from .timing import ex_dependencies, instr_cost
 
 NO_NODE = "<unattributed>"
 
@@ -65,6 +65,8 @@ class LoadedProgram:
     ir_op_of: np.ndarray
     ir_ops: list[str]
     const_places: list[tuple[int, int, int]] = field(default_factory=list)  # (dram, cnst offset, bytes)
+    # Instructions whose row count a register sets at run time: (index, cell of their last cost).
+    extents: list[tuple[int, list]] = field(default_factory=list)
     _timing_recs: list[tuple] | None = field(default=None, repr=False)
     _fast: object = field(default=None, repr=False)  # sim/fastpath.State, made on the first run
 
@@ -94,6 +96,14 @@ class LoadedProgram:
     @property
     def dram_size(self) -> int:
         return int(self.program.memory_map["dram_size"])
+
+    def record_extents(self) -> None:
+        """Set the counters of run-time-extent instructions to their last execution's cost, so the
+        profile built after a run counts the rows they actually processed."""
+        for idx, cell in self.extents:
+            c = cell[0]
+            self.busy[idx], self.tail[idx], self.macs[idx] = c.busy, c.tail, c.macs
+            self.dram_read[idx], self.dram_write[idx] = c.dram_read, c.dram_write
 
     def instr(self, idx: int) -> Instr:
         """The decoded instruction at ``idx`` (InputError for a word that does not decode)."""
@@ -127,7 +137,8 @@ def from_program(program: Program, source: str = "<program>") -> LoadedProgram:
     debug = program.debug if isinstance(program.debug, list) else []
     node_index: dict[tuple[str, str], int] = {}
     ir_index: dict[str, int] = {}
-    recs, mnemonics, mac_dtype = [], [], []
+    recs, mnemonics, mac_dtype, decoded, costs = [], [], [], [], []
+    extents: list[tuple[int, list]] = []
     cols = np.zeros((8, n), dtype=np.int64)  # busy, tail, macs, rd, wr, sram_hi, node, engine
     ir_of = np.zeros(n, dtype=np.int64)
     for idx in range(n):
@@ -143,20 +154,33 @@ def from_program(program: Program, source: str = "<program>") -> LoadedProgram:
             mac_dtype.append(None)
             reason = exc.message.split(": ", 1)[-1]
             fn, args, _ = illegal(f"illegal instruction: {reason}")
-            recs.append((1, (), (), fn, args, 1, 0, False))
+            recs.append((1, (), (), fn, args, 1, 0, False, ()))
             cols[0, idx], cols[7, idx] = 1, 1
+            decoded.append(None)
+            costs.append(None)
             continue
         cost = instr_cost(instr, target)
+        decoded.append(instr)
+        costs.append(cost)
         fn, args, hi = compile_instr(instr, target)
-        fn, args = numeric.guard(instr, target, idx, fn, args)
+        busy = cost.busy
+        if extent_register(instr) and not is_trap(fn):
+            fn, args = compile_extent(instr, target, instr_cost, cost)
+            busy = -1  # the event loop takes the cost of each execution from args[-1]
+            extents.append((idx, args[-1]))
+        else:
+            fn, args = numeric.guard(instr, target, idx, fn, args)
         mnemonics.append(instr.op)
         mac_dtype.append(instr.in_dtype if instr.op == "matmul" else None)
         dma = instr.op in ("load", "store", "gather")
         recs.append(
-            (instr.engine, _mask(instr.wait), _mask(instr.signal), fn, args, cost.busy, cost.tail, dma)
+            (instr.engine, _mask(instr.wait), _mask(instr.signal), fn, args, busy, cost.tail, dma, ())
         )
         cols[:6, idx] = (cost.busy, cost.tail, cost.macs, cost.dram_read, cost.dram_write, hi)
         cols[7, idx] = instr.engine
+    for idx, deps in enumerate(ex_dependencies(decoded, costs)):
+        if deps:
+            recs[idx] = (*recs[idx][:8], deps)
     loaded = LoadedProgram(
         source=source,
         program=program,
@@ -175,6 +199,7 @@ def from_program(program: Program, source: str = "<program>") -> LoadedProgram:
         nodes=list(node_index),
         ir_op_of=ir_of,
         ir_ops=list(ir_index),
+        extents=extents,
     )
     loaded.const_places = _check_memory_map(loaded)
     _check_io(loaded)

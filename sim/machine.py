@@ -17,8 +17,7 @@ import numpy as np
 from mcpc.arch.dtypes import PACKED, nbytes  # noqa: F401
 from mcpc.arch.dtypes import pack_nibbles as pack4  # noqa: F401
 from mcpc.arch.dtypes import unpack_nibbles as unpack4  # noqa: F401
-
-N_REGS = 16
+from mcpc.arch.isa import N_REGS  # noqa: F401  (the register count, re-exported)
 
 
 class Fault(Exception):
@@ -39,10 +38,12 @@ class Machine:
     """Memories and registers of one run.  Created zeroed; the loader fills DRAM before the run.
 
     ``dram`` and ``sram`` are flat uint8 arrays; ``regs`` is a list of 16 Python ints (r0 stays 0);
-    ``numeric`` collects ``(instruction index, NaNs produced, overflows)`` in run order (sim.numeric).
+    ``qparams`` is the QParam group ``(scale_a, scale_w, scale_o, zp_ptr, scale_ptr, group_size)``
+    that ``setq`` sets; ``numeric`` collects ``(instruction index, NaNs produced, overflows)`` in
+    run order (sim.numeric).
     """
 
-    __slots__ = ("dram", "sram", "regs", "dram_size", "numeric")
+    __slots__ = ("dram", "sram", "regs", "dram_size", "qparams", "numeric")
 
     def __init__(self, dram_size: int, sram_size: int):
         # np.zeros is calloc-backed: a large, mostly untouched DRAM costs no physical memory.
@@ -50,6 +51,7 @@ class Machine:
         self.sram = np.zeros(sram_size, dtype=np.uint8)
         self.regs = [0] * N_REGS
         self.dram_size = dram_size
+        self.qparams = (0.0, 0.0, 0.0, 0, 0, 0)
         self.numeric: list[tuple[int, int, int]] = []
 
 

@@ -44,8 +44,8 @@ def build_profile(p: LoadedProgram, entry: str, order: range, issue: list, done:
     compute_cycles = sum(v / t.macs_per_cycle_for(d) for d, v in macs_by_dtype.items())
     dram_cycles = (rd + wr) / t.dram_bytes_per_cycle
     main_dtype = max(macs_by_dtype, key=macs_by_dtype.get) if macs_by_dtype else "f16"
-    # The MAC array's real occupancy: matmul instructions pay for whole array passes (a one-row
-    # matmul fills one row of the array) and pipeline fill, so useful MACs alone understate it.
+    # The MAC array's real occupancy: matmul instructions pay for whole row passes, partly filled
+    # column tiles and weight ingestion (docs/timing.md), so useful MACs alone understate it.
     is_mm = np.asarray(p.mnemonics[sl]) == "matmul"
     array_cycles = int(busy[is_mm].sum()) if n else 0
     roofline = {

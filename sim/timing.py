@@ -9,13 +9,23 @@ The model (docs/simulator.md, "How cycles are counted", is the definition):
   awaited token, and for DMA the DRAM channel free time).  It executes functionally at that
   moment, so a missing dependency token shows up as wrong data, as on hardware.
 * Tokens are counting semaphores per ordered engine pair holding their push times (FIFO); a
-  token is pushed when the signalling instruction completes.
+  token is pushed when the signalling instruction and every earlier instruction of its engine
+  have completed (a signal releases all its engine did before it).
 * DMA (load, store, gather): transfer = ceil(bytes / dram_bytes_per_cycle); the channel and the
   engine are busy for the transfer; completion = issue + transfer + dram_latency_cycles.
-* matmul: ceil(m/rows)·ceil(n/cols)·k·(rows·cols)/macs_per_cycle[in_dtype] (rounded up) +
-  pipeline_latency.  Vector ops: ceil(elements / lanes[in_dtype]) + latency (special functions
-  use sfu_lanes; vsel uses its dtype, transpose the unsigned type of its element size).
-  setr, nop, halt: 1 cycle.  Compute instructions occupy their engine until completion.
+* matmul (``matmul_cost``): busy = max(MAC passes over the rows actually present, B bytes /
+  weight_bytes_per_cycle); completion = issue + busy + stream_latency (m <= stream_max_rows,
+  the weight-streaming path) or + pipeline_latency (the array's fill and drain).  Vector ops:
+  busy = ceil(elements / lanes[in_dtype]), completion = issue + busy + latency (special
+  functions use sfu_lanes; vsel and vtopk use their dtype, transpose the unsigned type of its
+  element size); vtopk makes topk_k passes over the row (a selection network).  setr, salu,
+  setq, nop, halt: 1 cycle.
+* Every live ISA spec names its cost function here (``InstrSpec.cost``); ``COSTS`` maps each
+  mnemonic to it, resolved at import.  An instruction whose row count comes from a register is
+  costed for the rows it actually processes, when it executes (``execute.compile_extent``).
+* The EX engine is pipelined: it is free again after ``busy``; the next instruction waits for
+  an earlier one's completion only when it reads or writes SRAM that one writes (the
+  scoreboard, ``ex_dependencies``), so latency is paid along dependency chains.
 * Cycles of the run = the latest completion.
 """
 
@@ -25,10 +35,11 @@ import math
 from collections import deque
 from typing import Any, NamedTuple
 
-from mcpc.arch.isa import ENGINES, SFU_FUNCS, Instr
+from mcpc.arch.isa import ENGINES, EX, SFU_FUNCS, Instr, resolve
+from mcpc.arch.numerics import NUMPY_DTYPES
 
 from .decode import Decoded
-from .machine import Fault, Machine
+from .machine import PACKED, Fault, Machine, nbytes
 
 _TRANSPOSE_LANES = {1: "i8", 2: "f16", 4: "f32", 8: "i64"}
 DMA_OPS = frozenset({"load", "store", "gather"})
@@ -44,34 +55,243 @@ class Cost(NamedTuple):
     dram_write: int
 
 
+def _elem_bytes(dtype: str, count: int) -> int:
+    """Bytes of ``count`` elements of ``dtype`` (4-bit types packed two per byte)."""
+    return nbytes(dtype, count) if dtype in NUMPY_DTYPES else count
+
+
+def dma_cost(i: Instr | Decoded, target: Any) -> Cost:
+    """load/store/gather: the channel streams the bytes, the DRAM latency follows the transfer."""
+    nbytes_ = (i.count if i.op == "gather" else i.rows) * i.row_bytes
+    transfer = math.ceil(nbytes_ / target.dram_bytes_per_cycle)
+    rd, wr = (0, nbytes_) if i.op == "store" else (nbytes_, 0)
+    return Cost(transfer, target.dram_latency_cycles, 0, rd, wr)
+
+
+def matmul_cost(i: Instr | Decoded, target: Any) -> Cost:
+    """matmul on the array_rows x array_cols engine (docs/timing.md is the reasoning).
+
+    * MAC passes: with m >= array_rows, ceil(m/rows) row passes of k steps per column tile (the
+      old whole-array charge); with fewer rows present, the unused rows take other slices of K
+      (folded: floor(rows/m) slices side by side), so a pass takes ceil(k / floor(rows/m)) steps.
+      A step lasts rows*cols/macs_per_cycle[in_dtype] cycles.
+    * Weight ingestion: each row pass reads B once, at most weight_bytes_per_cycle bytes per
+      cycle (4-bit weights packed two per byte).
+    * busy = max(MAC passes, weight ingestion); tail = stream_latency when m <= stream_max_rows
+      (the weight-streaming path), else pipeline_latency (the array's fill and drain).
+    """
+    mac = target.mac
+    rate = mac.macs_per_cycle.get(i.in_dtype)
+    if rate is None:  # traps when executed (execute.compile_instr); cost is irrelevant
+        return Cost(1, 0, 0, 0, 0)
+    m, n, k = i.m, i.n, i.k
+    if m == 0 or n == 0 or k == 0:
+        return Cost(1, 0, 0, 0, 0)
+    rows, cols = mac.array_rows, mac.array_cols
+    passes = math.ceil(m / rows)
+    steps = k if m >= rows else math.ceil(k / (rows // m))
+    compute = passes * math.ceil(n / cols) * steps * rows * cols / rate
+    ingest = passes * _elem_bytes(i.in_dtype, k * n) / mac.weight_bytes_per_cycle
+    busy = max(1, math.ceil(max(compute, ingest)))
+    tail = mac.stream_latency if m <= mac.stream_max_rows else mac.pipeline_latency
+    return Cost(busy, tail, m * n * k, 0, 0)
+
+
+def vector_cost(i: Instr | Decoded, target: Any) -> Cost:
+    """Vector ops: ceil(elements / lanes) issue cycles, then the vector pipeline's latency."""
+    op, vec = i.op, target.vector
+    if op == "vun" and i.func in SFU_FUNCS:
+        lanes = vec.sfu_lanes
+    elif op in ("vsel", "vtopk"):
+        lanes = target.vector_lanes_for(i.dtype)
+    elif op == "transpose":
+        lanes = target.vector_lanes_for(_TRANSPOSE_LANES.get(i.elem_bytes, "i8"))
+    else:
+        lanes = target.vector_lanes_for(i.in_dtype)
+    passes = max(i.topk_k, 1) if op == "vtopk" else 1  # vtopk: a selection network, k passes
+    return Cost(max(1, passes * math.ceil(i.rows * i.cols / lanes)), vec.latency, 0, 0, 0)
+
+
+def topk_cost(i: Instr | Decoded, target: Any) -> Cost:
+    """vtopk: topk_k vector passes over each row, then the vector pipeline's latency."""
+    return vector_cost(i, target)
+
+
+def scalar_cost(i: Instr | Decoded, target: Any) -> Cost:
+    """setr, salu, setq, nop, halt: one cycle."""
+    return Cost(1, 0, 0, 0, 0)
+
+
+VECTOR_OPS = frozenset({"vbin", "vbini", "vun", "vred", "vsel", "transpose", "vtopk"})
+
+
 def instr_cost(i: Instr | Decoded, target: Any) -> Cost:
     """Cycles and traffic of one instruction on ``target`` (see the module docstring)."""
+    return COSTS[i.op](i, target)
+
+
+# Every live mnemonic -> the cost function its spec names (RuntimeError at import if one is missing).
+COSTS = resolve("cost", globals())
+
+
+# -- SRAM regions and the EX scoreboard ------------------------------------------------------------
+# A region is (addr, rows, width, stride) in bytes: rows of `width` bytes `stride` apart; a
+# contiguous or one-row operand is normalised to rows == 1.
+Region = tuple[int, int, int, int]
+
+
+def _region(addr: int, rows: int, cols: int, stride: int, bcast: int, dtype: str) -> Region | None:
+    if rows <= 0 or cols <= 0:
+        return None
+    width = _elem_bytes(dtype, 1 if bcast else cols)
+    step = stride // 2 if dtype in PACKED else _elem_bytes(dtype, stride)
+    return _raw_region(addr, rows, width, step)
+
+
+def _raw_region(addr: int, rows: int, width: int, step: int) -> Region | None:
+    if rows <= 0 or width <= 0:
+        return None
+    if rows == 1 or step == 0:
+        return (addr, 1, width, 0)
+    if step <= width:  # rows touch or overlap: one interval
+        return (addr, 1, (rows - 1) * step + width, 0)
+    return (addr, rows, width, step)
+
+
+def sram_regions(i: Instr | Decoded) -> tuple[tuple[Region, ...], tuple[Region, ...]]:
+    """(reads, writes): the SRAM regions an EX instruction reads and writes (empty for others)."""
     op = i.op
-    if op in DMA_OPS:
-        nbytes = (i.count if op == "gather" else i.rows) * i.row_bytes
-        transfer = math.ceil(nbytes / target.dram_bytes_per_cycle)
-        rd, wr = (0, nbytes) if op == "store" else (nbytes, 0)
-        return Cost(transfer, target.dram_latency_cycles, 0, rd, wr)
     if op == "matmul":
-        mac = target.mac
-        rate = mac.macs_per_cycle.get(i.in_dtype)
-        if rate is None:  # traps when executed (execute.compile_instr); cost is irrelevant
-            return Cost(1, 0, 0, 0, 0)
-        tiles = math.ceil(i.m / mac.array_rows) * math.ceil(i.n / mac.array_cols)
-        cycles = math.ceil(tiles * i.k * mac.array_rows * mac.array_cols / rate)
-        return Cost(cycles + mac.pipeline_latency, 0, i.m * i.n * i.k, 0, 0)
-    if op in ("vbin", "vbini", "vun", "vred", "vsel", "transpose"):
-        vec = target.vector
-        if op == "vun" and i.func in SFU_FUNCS:
-            lanes = vec.sfu_lanes
-        elif op == "vsel":
-            lanes = target.vector_lanes_for(i.dtype)
-        elif op == "transpose":
-            lanes = target.vector_lanes_for(_TRANSPOSE_LANES.get(i.elem_bytes, "i8"))
-        else:
-            lanes = target.vector_lanes_for(i.in_dtype)
-        return Cost(math.ceil(i.rows * i.cols / lanes) + vec.latency, 0, 0, 0, 0)
-    return Cost(1, 0, 0, 0, 0)
+        dt = i.in_dtype
+        a = _region(i.a, i.m, i.k, i.a_stride, 0, dt)
+        b_rows, b_cols = (i.n, i.k) if i.trans_b else (i.k, i.n)
+        b = _region(i.b, b_rows, b_cols, i.b_stride, 0, dt)
+        c = _region(i.c, i.m, i.n, i.c_stride, 0, "f32")
+        reads, writes = [a, b, c if i.acc else None], [c]
+    elif op in ("vbin", "vbini"):
+        reads = [_region(i.src0, i.rows, i.cols, i.s0_stride, i.s0_bcast, i.in_dtype)]
+        if op == "vbin":
+            reads.append(_region(i.src1, i.rows, i.cols, i.s1_stride, i.s1_bcast, i.in_dtype))
+        writes = [_region(i.dst, i.rows, i.cols, i.dst_stride, 0, i.out_dtype)]
+    elif op == "vun":
+        reads = [_region(i.src, i.rows, i.cols, i.src_stride, i.src_bcast, i.in_dtype)]
+        writes = [_region(i.dst, i.rows, i.cols, i.dst_stride, 0, i.out_dtype)]
+    elif op == "vred":
+        reads = [_region(i.src, i.rows, i.cols, i.src_stride, 0, i.in_dtype)]
+        writes = [_region(i.dst, 1, i.rows, 0, 0, i.out_dtype)] if i.cols else []
+    elif op == "vsel":
+        dst = _region(i.dst, i.rows, i.cols, i.dst_stride, 0, i.dtype)
+        cond_w = 1 if i.cond_bcast else i.cols
+        reads = [_raw_region(i.cond, i.rows, cond_w, i.cond_stride) if i.cols else None, dst]
+        reads.append(_region(i.src, i.rows, i.cols, i.src_stride, i.src_bcast, i.dtype))
+        writes = [dst]
+    elif op == "vtopk":
+        reads = [_region(i.src, i.rows, i.cols, i.src_stride, 0, i.dtype)]
+        writes = [_region(i.dst, i.rows, i.topk_k, i.dst_stride, 0, i.dtype)]
+        writes.append(_region(i.idx, i.rows, i.topk_k, i.idx_stride, 0, "i32"))
+    elif op == "transpose":
+        eb = i.elem_bytes
+        reads = [_raw_region(i.src, i.rows, i.cols * eb, i.src_stride * eb) if i.cols else None]
+        writes = [_raw_region(i.dst, i.cols, i.rows * eb, i.dst_stride * eb) if i.rows else None]
+    else:
+        return (), ()
+    return tuple(r for r in reads if r), tuple(w for w in writes if w)
+
+
+def _end(r: Region) -> int:
+    return r[0] + (r[1] - 1) * r[3] + r[2]
+
+
+def _row_hits(s0: int, s1: int, t: Region) -> bool:
+    """Does the interval [s0, s1) meet a row of the strided region ``t``?"""
+    addr, rows, width, step = t
+    lo = max(0, (s0 - width - addr) // step + 1)
+    hi = min(rows - 1, -(-(s1 - addr) // step) - 1)
+    return lo <= hi
+
+
+def overlaps(a: Region, b: Region) -> bool:
+    """Whether two regions share a byte (exact for one-row and equal-stride regions, and when one
+    side has at most 64 rows; otherwise the bounding intervals decide, which can only add a wait)."""
+    if a[0] >= _end(b) or b[0] >= _end(a):
+        return False
+    if a[1] == 1:
+        return b[1] == 1 or _row_hits(a[0], a[0] + a[2], b)
+    if b[1] == 1:
+        return _row_hits(b[0], b[0] + b[2], a)
+    if a[3] == b[3]:
+        s, d = a[3], b[0] - a[0]
+        lo = max(-(b[1] - 1), (d - a[2]) // s + 1)
+        hi = min(a[1] - 1, -(-(d + b[2]) // s) - 1)
+        return lo <= hi
+    if a[1] > b[1]:
+        a, b = b, a
+    if a[1] <= 64:
+        return any(_row_hits(a[0] + r * a[3], a[0] + r * a[3] + a[2], b) for r in range(a[1]))
+    return True
+
+
+def _any_overlap(xs: tuple[Region, ...], ys: tuple[Region, ...]) -> bool:
+    return any(overlaps(x, y) for x in xs for y in ys)
+
+
+def ex_dependencies(instrs: list, costs: list[Cost]) -> list[tuple[tuple[int, int], ...]]:
+    """The EX scoreboard, precomputed: for each instruction, ``((j, slack), ...)`` meaning it may
+    not issue before ``done[j] - slack`` (earlier EX instructions ``j`` still in flight).
+
+    ``instrs[idx]`` is an instruction (or None for a word that did not decode), ``costs[idx]`` its
+    Cost.  An EX instruction waits for the completion of every earlier EX instruction that writes
+    SRAM it reads (read after write: slack 0) or writes (write after write: its own write must land
+    later, slack = its tail).  An accumulating matmul whose only such dependency is the previous
+    matmul's output tile (same region) takes the partial sums at the array's output in issue order
+    (accumulator forwarding: slack = its tail).  Write after read needs no wait: operands are read
+    while the instruction occupies the engine, results land at completion, and the engine is in
+    order.  An earlier instruction is checked only while it can still be in flight, i.e. while the
+    busy cycles issued after it are fewer than its tail.
+    """
+    n = len(instrs)
+    deps: list[tuple[tuple[int, int], ...]] = [()] * n
+    # one list per distinct tail value: (cum_busy_before, idx, busy, tail, reads, writes, whi, wlo)
+    recent: dict[int, list] = {}
+    cum = 0
+    for idx in range(n):
+        ins = instrs[idx]
+        if ins is None or ins.engine != EX:
+            continue
+        busy, tail = costs[idx].busy, costs[idx].tail
+        reads, writes = sram_regions(ins)
+        if reads or writes:
+            found = []
+            rlo = min((r[0] for r in reads + writes), default=0)
+            rhi = max((_end(r) for r in reads + writes), default=0)
+            for t, lst in recent.items():
+                drop = 0
+                for e in lst:
+                    if cum - e[0] - e[2] >= t:  # issued long enough ago: surely complete
+                        drop += 1
+                        continue
+                    if e[7] >= rhi or rlo >= e[6]:
+                        continue
+                    raw = _any_overlap(reads, e[5])
+                    if raw and ins.op == "matmul" and ins.acc and instrs[e[1]].op == "matmul":
+                        c = reads[-1]
+                        if e[5] == (c,) and not _any_overlap(reads[:-1], e[5]):
+                            raw = False  # accumulator forwarding
+                            found.append((e[1], tail))
+                            continue
+                    if raw:
+                        found.append((e[1], 0))
+                    elif _any_overlap(writes, e[5]):
+                        found.append((e[1], tail))
+                if drop:
+                    del lst[:drop]
+            deps[idx] = tuple(found)
+        if writes and tail > 0:
+            wlo = min(w[0] for w in writes)
+            whi = max(_end(w) for w in writes)
+            recent.setdefault(tail, []).append((cum, idx, busy, tail, reads, writes, whi, wlo))
+        cum += busy
+    return deps
 
 
 class Deadlock(Exception):
@@ -91,8 +311,9 @@ class Faulted(Exception):
 
 
 # Record layout (tuples are the fastest thing to unpack in the loop):
-#   (engine, waits, signals, handler, args, busy, tail, is_dma)
-REC_ENGINE, REC_WAITS, REC_SIGNALS, REC_FN, REC_ARGS, REC_BUSY, REC_TAIL, REC_DMA = range(8)
+#   (engine, waits, signals, handler, args, busy, tail, is_dma, deps)
+# deps: ((j, slack), ...) from ex_dependencies: issue no earlier than done[j] - slack.
+REC_ENGINE, REC_WAITS, REC_SIGNALS, REC_FN, REC_ARGS, REC_BUSY, REC_TAIL, REC_DMA, REC_DEPS = range(9)
 _ILLEGAL_PY = (ValueError, TypeError, ArithmeticError, IndexError)
 
 
@@ -112,6 +333,7 @@ def simulate(recs: list[tuple], order: range, machine: Machine) -> tuple[list, l
     issue = [0] * n
     done = [0] * n
     free = [0, 0, 0]
+    last = [0, 0, 0]  # latest completion per engine so far
     stall = [0, 0, 0]
     pos = [0, 0, 0]
     lens = [len(q) for q in queues]
@@ -134,6 +356,9 @@ def simulate(recs: list[tuple], order: range, machine: Machine) -> tuple[list, l
                 if q[0] > t:
                     t = q[0]
             else:
+                for j, slack in r[8]:
+                    if j >= base and done[j - base] - slack > t:
+                        t = done[j - base] - slack
                 if r[7] and chan > t:
                     t = chan
                 if best < 0 or t < best_t:
@@ -160,15 +385,20 @@ def simulate(recs: list[tuple], order: range, machine: Machine) -> tuple[list, l
         except _ILLEGAL_PY as exc:  # a field combination the kernels reject (e.g. int ** negative)
             raise Faulted(idx, f"illegal operation: {exc}") from None
         stall[e] += best_t - free[e]
-        end = best_t + r[5]
+        busy, tail = r[5], r[6]
+        if busy < 0:  # a run-time extent: the cost of what it actually did (execute.compile_extent)
+            busy, tail = r[4][-1][0][:2]
+        end = best_t + busy
         free[e] = end
         if r[7]:
             chan = end
-        end += r[6]
+        end += tail
         issue[idx - base] = best_t
         done[idx - base] = end
-        for dst in r[2]:
-            tokens[e][dst].append(end)
+        if end > last[e]:
+            last[e] = end
+        for dst in r[2]:  # a signal releases everything its engine issued before it
+            tokens[e][dst].append(last[e])
         pos[e] += 1
 
 

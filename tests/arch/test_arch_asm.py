@@ -6,8 +6,9 @@ from hypothesis import strategies as st
 from test_arch_isa import instrs
 
 from mcpc.arch.asm import disassemble, format_instr, parse_asm
-from mcpc.arch.isa import Instr, encode_program
+from mcpc.arch.isa import ISA, Instr, decode, encode, encode_program
 from mcpc.errors import ParseError
+from mcpc.sim.decode import fast_decode
 
 
 def test_format_shows_addresses_in_hex_and_only_non_defaults():
@@ -67,3 +68,20 @@ def test_parse_errors_have_location_and_caret(text, where, needle):
         parse_asm(text)
     msg = str(err.value)
     assert msg.startswith(where) and needle in msg and "^" in msg
+
+
+@pytest.mark.parametrize("mnemonic", sorted(m for m, s in ISA.items() if not s.reserved))
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_every_spec_round_trips_assembler_encoder_decoder_disassembler(mnemonic, data):
+    instr = data.draw(instrs(mnemonic))
+    text = format_instr(instr)
+    parsed = parse_asm(text)
+    assert parsed == [instr]
+    word = encode(parsed[0])
+    decoded = decode(word)
+    assert decoded == instr and fast_decode(word).__dict__ == {
+        **dict(decoded.fields), "op": decoded.op, "engine": decoded.engine,
+        "wait": decoded.wait, "signal": decoded.signal,
+    }  # fmt: skip
+    assert format_instr(decoded) == text

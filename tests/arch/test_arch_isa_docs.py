@@ -1,55 +1,44 @@
-"""docs/isa.md field tables are generated from the ISA table; this test keeps them in sync.
+"""docs/isa.md's instruction sections are generated from the ISA specs; this test keeps them in sync.
 
-Regenerate after a table change with:  python tests/arch/test_arch_isa_docs.py --write
+Regenerate after a spec change with:  python -m mcpc.arch.isa_doc --write
 """
 
 import re
 import sys
 from pathlib import Path
 
-from mcpc.arch.isa import ENGINES, ENUMS, FIELD_DOCS, HEADER_BITS, ISA
+import pytest
+
+from mcpc.arch.isa import ENUMS, ISA
+from mcpc.arch.isa_doc import regenerate, render_spec
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "isa.md"
-BLOCK = re.compile(r"(<!-- fields:(\w+) -->\n)(.*?)(<!-- /fields -->)", re.S)
 
 
-def render(mnemonic: str) -> str:
-    """The generated part of an instruction's section: opcode line and field table."""
-    spec = ISA[mnemonic]
-    lines = [f"Opcode {spec.opcode}, engine {ENGINES[spec.engine]}. {spec.doc}", ""]
-    if spec.reserved:
-        return "\n".join([*lines, "Reserved: `encode` refuses it, `decode` reports it.", ""])
-    lines += ["| bits | field | kind | meaning |", "|---|---|---|---|"]
-    lines.append("| 0..7 | opcode | u8 | |")
-    lines.append("| 8..10 | wait | u3 | engine mask of tokens to pop before issue |")
-    lines.append("| 11..13 | signal | u3 | engine mask of tokens to push on completion |")
-    pos = HEADER_BITS
-    enums = []
-    for name, bits, kind in spec.fields:
-        shown = f"{kind}{bits}" if kind in ("u", "s") else f"{kind} ({bits} bits)"
-        lines.append(f"| {pos}..{pos + bits - 1} | {name} | {shown} | {FIELD_DOCS[name]} |")
-        pos += bits
-        if kind.startswith("enum:"):
-            codes = ", ".join(f"{i} `{n}`" for i, n in enumerate(ENUMS[kind[5:]]))
-            enums.append(f"`{name}` values: {codes}")
-    lines.append(f"| {pos}..255 | — | zero | reserved, must be 0 |")
-    return "\n".join([*lines, "", *enums, ""] if enums else [*lines, ""])
-
-
-def regenerate(text: str) -> str:
-    return BLOCK.sub(lambda m: m.group(1) + render(m.group(2)) + m.group(4), text)
-
-
-def test_every_instruction_has_a_generated_section():
+def test_committed_doc_equals_the_generated_one():
     text = DOC.read_text(encoding="utf-8")
-    documented = [m.group(2) for m in BLOCK.finditer(text)]
-    assert sorted(documented) == sorted(ISA), "docs/isa.md must have one fields block per mnemonic"
-
-
-def test_field_tables_match_the_isa_table():
-    text = DOC.read_text(encoding="utf-8")
-    stale = "docs/isa.md is stale: run python tests/arch/test_arch_isa_docs.py --write"
+    stale = "docs/isa.md is stale: run python -m mcpc.arch.isa_doc --write"
     assert regenerate(text) == text, stale
+
+
+def test_every_instruction_has_one_section_with_its_enum_codes():
+    text = DOC.read_text(encoding="utf-8")
+    assert sorted(re.findall(r"^### (\w+)$", text, re.M)) == sorted(ISA)
+    for name, values in ENUMS.items():
+        assert all(f"`{v}`" in text for v in values), name
+
+
+def test_a_changed_spec_changes_the_doc(monkeypatch):
+    text = DOC.read_text(encoding="utf-8")
+    spec = ISA["vun"]
+    monkeypatch.setitem(ISA, "vun", type(spec)(**{**spec.__dict__, "doc": "Changed."}))
+    assert "Opcode 10, engine EX. Changed." in render_spec(ISA["vun"])
+    assert regenerate(text) != text
+
+
+def test_a_doc_without_the_generated_block_is_refused():
+    with pytest.raises(ValueError, match="generated:instructions"):
+        regenerate("# no block\n")
 
 
 if __name__ == "__main__" and "--write" in sys.argv:

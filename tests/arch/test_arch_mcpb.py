@@ -88,7 +88,11 @@ def test_header_corruptions(tmp_path):
     _refused(tmp_path, b"PK\x03\x04" + good[4:], "not an .mcpb file")
     _refused(tmp_path, b"", "not an .mcpb file")
     _refused(tmp_path, good[:5], "truncated")
-    _refused(tmp_path, good[:8] + struct.pack("<H", 2) + good[10:], "unsupported .mcpb version 2.0")
+    _refused(tmp_path, good[:8] + struct.pack("<H", 3) + good[10:], "unsupported .mcpb version 3.0")
+    # A version-1 file (ISA v1 words) is refused by its version, with the reason.
+    v1 = good[:8] + struct.pack("<H", 1) + good[10:]
+    _refused(tmp_path, v1, "unsupported .mcpb version 1.0 (this toolchain reads 2.x)")
+    _refused(tmp_path, v1, "recompile the model")
     name_at = 8 + 8 + 2
     flipped = bytearray(good)
     flipped[name_at] ^= 0x01  # a byte of the target name

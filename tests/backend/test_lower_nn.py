@@ -113,3 +113,17 @@ def test_compiling_twice_gives_identical_bytes():
     a = compile_to_program(single_op(ops.SoftmaxOp, shapes, {"axis": 1}), load_target("mcp2026-edge"))
     b = compile_to_program(single_op(ops.SoftmaxOp, shapes, {"axis": 1}), load_target("mcp2026-edge"))
     assert a.text == b.text and a.memory_map == b.memory_map and a.debug == b.debug
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "i32"])
+def test_argmax_over_one_axis(dtype):
+    for shape, axes, keepdims in [((4, 16), [-1], True), ((2, 5, 7), [1], False), ((6, 3), [0], True)]:
+        _, instrs, _ = compile_check(
+            single_op(ops.ArgMaxOp, [(shape, dtype)], {"axes": axes, "keepdims": keepdims})
+        )
+        assert [i.func for i in instrs if i.op == "vred"] and all(
+            i.func == "argmax" for i in instrs if i.op == "vred"
+        )
+    # Many rows under a small SRAM: the index stays the row's (whole rows per tile).
+    m = single_op(ops.ArgMaxOp, [((40, 96), dtype)], {"axes": [1], "keepdims": False})
+    compile_check(m, overrides=["sram.size_bytes=4096"])

@@ -164,7 +164,7 @@ def test_constants_not_exact_in_f32_are_loaded():
 # -- unary, cast, select --------------------------------------------------------------------------
 UNARY = [ops.NegOp, ops.AbsOp, ops.ExpOp, ops.TanhOp, ops.ErfOp, ops.SqrtOp, ops.RsqrtOp,
          ops.ReciprocalOp, ops.ReluOp, ops.SigmoidOp, ops.GeluOp, ops.SinOp, ops.CosOp, ops.LogOp,
-         ops.FloorOp]  # fmt: skip
+         ops.FloorOp, ops.RoundOp, ops.SiluOp]  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])

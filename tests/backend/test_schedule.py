@@ -258,9 +258,68 @@ def test_checker_finds_a_missing_cross_kernel_dependency():
         check_hazards(broken)
 
 
-def test_checker_refuses_what_it_cannot_model():
+def test_checker_orders_register_writes_and_register_offset_reads():
+    # setr runs on EX, the load reading r1 on LD: without a token the load may see the old value.
+    setr = Instr("setr", dict(reg=1, value=64))
     reg = load(0, 0).replace(dram_reg=1)
-    with pytest.raises(ScheduleError, match="register"):
-        check_hazards([reg])
-    with pytest.raises(ScheduleError, match="no memory footprint"):
-        check_hazards([Instr("setr", dict(reg=1, value=3))])
+    with pytest.raises(ScheduleError, match="race: #0 setr .* #1 load .* reg r1"):
+        check_hazards([setr, reg])
+    check_hazards([setr.replace(signal=1 << LD), reg.replace(wait=1 << EX)])
+
+
+# Double buffering over DRAM tiles addressed through registers: r1 and r2 hold the DRAM offsets
+# of the two buffers' next tiles, advanced by salu on EX after each buffer's load has been used.
+REG_DOUBLE_BUFFER = """
+setr  reg=1 value=0 signal=LD
+setr  reg=2 value=256 signal=LD
+load  dram=0x10000 dram_reg=1 sram=0x0 rows=1 row_bytes=256 wait=EX signal=EX
+load  dram=0x10000 dram_reg=2 sram=0x100 rows=1 row_bytes=256 wait=EX signal=EX
+vun   func=exp dst=0x1000 src=0x0 rows=1 cols=64 wait=LD signal=ST
+salu  func=add rd=1 rs1=1 simm=512 signal=LD
+vun   func=exp dst=0x1100 src=0x100 rows=1 cols=64 wait=LD signal=ST
+salu  func=add rd=2 rs1=2 simm=512 signal=LD
+load  dram=0x10000 dram_reg=1 sram=0x0 rows=1 row_bytes=256 wait=EX signal=EX
+load  dram=0x10000 dram_reg=2 sram=0x100 rows=1 row_bytes=256 wait=EX signal=EX
+store dram={y0} sram=0x1000 rows=1 row_bytes=256 wait=EX signal=EX
+store dram=0x20100 sram=0x1100 rows=1 row_bytes=256 wait=EX signal=EX
+vun   func=exp dst=0x1000 src=0x0 rows=1 cols=64 wait=LD|ST signal=ST
+vun   func=exp dst=0x1100 src=0x100 rows=1 cols=64 wait=LD|ST signal=ST
+store dram=0x20200 sram=0x1000 rows=1 row_bytes=256 wait=EX
+store dram=0x20300 sram=0x1100 rows=1 row_bytes=256 wait=EX
+halt
+"""
+
+
+def test_register_offset_double_buffering_is_accepted():
+    from mcpc.arch.asm import parse_asm
+    from mcpc.backend.hazards import DRAM_ANY, footprint, register_values
+
+    instrs = parse_asm(REG_DOUBLE_BUFFER.format(y0="0x20000"))
+    check_hazards(instrs)
+    regs = register_values(instrs)
+    assert (regs[8][1], regs[9][2]) == (512, 768)  # the third and fourth tiles
+    assert ("dram", 0x10000 + 512, 0x10000 + 768, False) in footprint(instrs[8], regs[8])
+    # Without known register values a register-offset access may touch any DRAM byte.
+    assert ("dram", *DRAM_ANY, False) in footprint(instrs[8])
+
+
+def test_register_offset_hazards_are_found():
+    from mcpc.arch.asm import parse_asm
+
+    # The first store writes the tile the third load reads (r1 = 512 then): no token orders them.
+    instrs = parse_asm(REG_DOUBLE_BUFFER.format(y0="0x10200"))
+    with pytest.raises(ScheduleError, match="race: #8 load .* #10 store .* dram"):
+        check_hazards(instrs)
+    # The third load no longer waits for the salu advancing r1: it may read the old offset.
+    instrs = parse_asm(REG_DOUBLE_BUFFER.format(y0="0x20000"))
+    instrs[5] = instrs[5].replace(signal=0)
+    instrs[8] = instrs[8].replace(wait=0)
+    with pytest.raises(ScheduleError, match="race: #5 salu .* #8 load .* same reg r1"):
+        check_hazards(instrs)
+
+
+def test_kernels_may_not_use_registers_the_token_rules_do_not_order():
+    with pytest.raises(ValueError, match="load uses scalar registers \\(dram_reg\\)"):
+        Kernel([Step(loads=[load(0, 0).replace(dram_reg=2)])])
+    with pytest.raises(ValueError, match="setr uses scalar registers"):
+        Kernel([Step(computes=[Instr("setr", dict(reg=1, value=4))])])

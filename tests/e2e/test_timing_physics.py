@@ -105,12 +105,12 @@ def test_sram_peak_within_target(tmp_path, target):
     assert 0 < profile["peak_sram_bytes"] <= load_target(target).sram.size_bytes
 
 
-def test_f32_matvec_is_bound_by_the_underfilled_array(tmp_path):
-    """On a100 the f32 rate is low and a one-row matmul fills one row of the 128-row array: the
-    MAC array, not DRAM, limits it, and the profile says so (bound compute, array fill < 1 %)."""
+def test_f32_matvec_folds_k_into_the_idle_rows(tmp_path):
+    """On a100 the f32 rate is low (16 cycles per array step), but a one-row matmul does not pay
+    for the 127 idle rows of the array: they take other slices of K, so the MAC array is busy far
+    less than the weights take to stream from DRAM, and the profile says memory-bound."""
     model, inputs = _matmul_model(1, 2048, 2048)
     _, profile, _, _ = compile_and_run(tmp_path, model, inputs, "mcp2026-a100", "fp32.yaml")
     roof = profile["roofline"]
-    assert roof["bound"] == "compute", roof
-    assert roof["mac_array_fill"] < 0.01
-    assert roof["mac_array_busy_cycles"] > roof["dram_bound_cycles"]
+    assert roof["bound"] == "memory", roof
+    assert roof["mac_array_busy_cycles"] < roof["dram_bound_cycles"] / 2

@@ -130,6 +130,27 @@ def test_floor_keeps_signed_zero_and_specials():
     assert np.signbit(got[0]) and got[1] == -1.0
 
 
+def test_argmax_first_maximum_along_one_axis():
+    x = np.array([[[1, 5, 5], [7, 0, 2]], [[3, 3, 3], [np.nan, 9, 1]]], dtype=np.float32)
+    got = run(O.ArgMaxOp, [x], {"axes": [2], "keepdims": False})
+    np.testing.assert_array_equal(got, [[1, 0], [0, 0]])
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(
+        run(O.ArgMaxOp, [x], {"axes": [0], "keepdims": True}), [[[1, 0, 0], [1, 1, 0]]]
+    )
+    with pytest.raises(Exception, match="exactly one axis"):
+        run(O.ArgMaxOp, [x], {"axes": [0, 1], "keepdims": True})
+
+
+def test_round_is_half_to_even_and_keeps_signed_zero_and_specials():
+    x = np.array(
+        [0.5, 1.5, 2.5, -0.5, -2.5, -0.0, 0.49999997, np.inf, -np.inf, np.nan, 3e9], dtype=np.float32
+    )
+    got = run(O.RoundOp, [x])
+    np.testing.assert_array_equal(got, [0, 2, 2, -0.0, -2, -0.0, 0, np.inf, -np.inf, np.nan, 3e9])
+    assert np.signbit(got[3]) and np.signbit(got[5])
+
+
 UNARY = {
     O.NegOp: np.negative,
     O.AbsOp: np.abs,
@@ -144,7 +165,14 @@ UNARY = {
     O.GeluOp: lambda x: 0.5 * x * (1 + special.erf(x / math.sqrt(2))),
 }
 # Kept apart with their own generator: drawing from RNG would change the data of later tests.
-UNARY_LATER = {O.SinOp: np.sin, O.CosOp: np.cos, O.LogOp: lambda x: np.log(np.abs(x)), O.FloorOp: np.floor}
+UNARY_LATER = {
+    O.SinOp: np.sin,
+    O.CosOp: np.cos,
+    O.LogOp: lambda x: np.log(np.abs(x)),
+    O.FloorOp: np.floor,
+    O.RoundOp: np.rint,
+    O.SiluOp: lambda x: x / (1 + np.exp(-x)),
+}
 
 
 @pytest.mark.parametrize("dtype", FLOATS)

@@ -138,6 +138,7 @@ CASES = [
     Case("log", "Log", {"x": f(3, 5, lo=0.01)}),
     Case("floor", "Floor", {"x": f(3, 5) * 3}),
     Case("ceil", "Ceil", {"x": f(3, 5) * 3}),
+    Case("round", "Round", {"x": f(3, 5) * 3}),
     Case("identity", "Identity", {"x": f(2, 3)}),
     Case("dropout", "Dropout", {"x": f(2, 3)}),
     # casts
@@ -248,6 +249,8 @@ CASES = [
     Case("size", "Size", {"x": f(2, 3, 4)}),
     Case("trilu_upper", "Trilu", {"x": f(4, 5)}),
     Case("trilu_lower_k", "Trilu", {"x": f(2, 4, 5)}, {"k": np.array(-1, np.int64)}, attrs={"upper": 0}),
+    Case("argmax_axis1", "ArgMax", {"x": f(3, 7, 2)}, attrs={"axis": 1}),
+    Case("argmax_last_nokeep", "ArgMax", {"x": f(4, 9)}, attrs={"axis": -1, "keepdims": 0}),
 ]
 
 CONSTANT_CASES = [

@@ -26,7 +26,9 @@ SAMPLES = {
     **{f"mcp.{n}": _BINARY for n in ("add", "sub", "mul", "div", "pow", "max", "min", "mod", "fmod")},
     **{f"mcp.{n}": _BINARY for n in ("equal", "less", "greater")},
     **{f"mcp.{n}": _UNARY for n in ("neg", "abs", "exp", "tanh", "erf", "sqrt", "rsqrt", "reciprocal")},
-    **{f"mcp.{n}": _UNARY for n in ("relu", "sigmoid", "gelu", "sin", "cos", "log", "floor")},
+    **{
+        f"mcp.{n}": _UNARY for n in ("relu", "sigmoid", "gelu", "sin", "cos", "log", "floor", "round", "silu")
+    },
     "mcp.cast": ([t(2, 3)], {"to": BF16}),
     "mcp.select": ([t(2, 3, dtype=I1), t(2, 3), t(1, 3)], {}),
     "mcp.matmul": (
@@ -39,6 +41,7 @@ SAMPLES = {
     "mcp.reduce_sum": _REDUCE,
     "mcp.reduce_mean": _REDUCE,
     "mcp.reduce_max": ([t(2, 3, 4, dtype=I32)], {"axes": [1], "keepdims": True}),
+    "mcp.argmax": ([t(2, 3, 4, dtype=F16)], {"axes": [1], "keepdims": False}),
     "mcp.reshape": ([t(2, 3, 4)], {"shape": [6, 4]}),
     "mcp.transpose": ([t(2, 3, 4)], {"perm": [2, 0, 1]}),
     "mcp.concat": ([t(2, 3), t(2, 1), t(2, 0)], {"axis": -1}),

@@ -20,7 +20,7 @@ def instructions(draw):
     fields = {}
     for name, bits, kind in spec.fields:
         if kind == "u":
-            fields[name] = draw(st.integers(1 if op == "setr" and name == "reg" else 0, (1 << bits) - 1))
+            fields[name] = draw(st.integers(1 if name in spec.nonzero else 0, (1 << bits) - 1))
         elif kind == "s":
             fields[name] = draw(st.integers(-(1 << (bits - 1)), (1 << (bits - 1)) - 1))
         elif kind == "f32":
