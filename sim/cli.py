@@ -105,8 +105,23 @@ def sim_group():
     help="Cycles, profile and trace without computing values (no --outputs; data-dependent traps "
     "such as a gather index out of range are not detected).",
 )
+@click.option(
+    "--max-cycles",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Stop a runaway program: trap (exit 5) when an instruction would issue after this cycle.",
+)
 def run_command(
-    program, inputs_path, random_inputs, seed, outputs_path, profile_json, trace_path, entry, timing_only
+    program,
+    inputs_path,
+    random_inputs,
+    seed,
+    outputs_path,
+    profile_json,
+    trace_path,
+    entry,
+    timing_only,
+    max_cycles,
 ):
     """Simulate PROGRAM (.mcpb) and print cycles, latency, traffic, utilisation and top nodes."""
     from rich.console import Console
@@ -127,7 +142,14 @@ def run_command(
     else:
         inputs = {}
         _require_no_inputs(loaded, entry, program)
-    result = run_program(loaded, inputs, entry=entry, trace=trace_path is not None, timing_only=timing_only)
+    result = run_program(
+        loaded,
+        inputs,
+        entry=entry,
+        trace=trace_path is not None,
+        timing_only=timing_only,
+        max_cycles=max_cycles,
+    )
     if outputs_path:
         write_atomic(outputs_path, _npz_bytes(result.outputs))
     if profile_json:
