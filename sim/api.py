@@ -120,6 +120,7 @@ def run_program(
     trace: bool = False,
     timing_only: bool = False,
     registers: dict[int, int] | None = None,
+    max_cycles: int | None = None,
 ) -> SimResult:
     """Run entry point ``entry`` on ``inputs`` (name -> array) and collect outputs and the profile.
 
@@ -128,6 +129,8 @@ def run_program(
     those of the functional run (costs are static, or follow register values, which a timing-only
     run still computes).  Traps that depend on data (a gather index out of range, an integer to a
     negative power) are not detected in that mode.
+
+    ``max_cycles`` stops a runaway program: an instruction that would issue later traps (SimTrap).
 
     ``registers`` sets scalar registers (number -> s32 value) before the first instruction: a
     low-level hook for run-time extents until programs declare host registers by name.  A run with
@@ -178,7 +181,7 @@ def run_program(
     try:
         # numpy's own overflow warnings would be noise: the numeric guards count and attribute them
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            issue, done, stall, tokens_left = simulate(recs, order, m)
+            issue, done, stall, tokens_left = simulate(recs, order, m, max_cycles)
     except Faulted as exc:
         raise SimTrap(f"{src}: {program.describe(exc.index)}: {exc.message}") from None
     except Deadlock as exc:

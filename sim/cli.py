@@ -107,6 +107,12 @@ def sim_group():
     "such as a gather index out of range are not detected).",
 )
 @click.option(
+    "--max-cycles",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Stop a runaway program: trap (exit 5) when an instruction would issue after this cycle.",
+)
+@click.option(
     "--strict",
     is_flag=True,
     help="Exit 7 when the run produced a NaN or overflowed to infinity, or an output is not finite.",
@@ -121,6 +127,7 @@ def run_command(
     trace_path,
     entry,
     timing_only,
+    max_cycles,
     strict,
 ):
     """Simulate PROGRAM (.mcpb) and print cycles, latency, traffic, utilisation and top nodes."""
@@ -144,7 +151,14 @@ def run_command(
     else:
         inputs = {}
         _require_no_inputs(loaded, entry, program)
-    result = run_program(loaded, inputs, entry=entry, trace=trace_path is not None, timing_only=timing_only)
+    result = run_program(
+        loaded,
+        inputs,
+        entry=entry,
+        trace=trace_path is not None,
+        timing_only=timing_only,
+        max_cycles=max_cycles,
+    )
     if outputs_path:
         write_atomic(outputs_path, _npz_bytes(result.outputs))
     if profile_json:

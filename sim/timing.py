@@ -317,8 +317,13 @@ REC_ENGINE, REC_WAITS, REC_SIGNALS, REC_FN, REC_ARGS, REC_BUSY, REC_TAIL, REC_DM
 _ILLEGAL_PY = (ValueError, TypeError, ArithmeticError, IndexError)
 
 
-def simulate(recs: list[tuple], order: range, machine: Machine) -> tuple[list, list, list, dict]:
+def simulate(
+    recs: list[tuple], order: range, machine: Machine, max_cycles: int | None = None
+) -> tuple[list, list, list, dict]:
     """Run instructions ``order`` (global indices into ``recs``) through the three queues.
+
+    ``max_cycles`` bounds a runaway program: the first instruction that would issue after that
+    cycle raises Faulted instead of executing.
 
     Returns ``(issue, done, stall, tokens_left)``: per-instruction issue and completion cycle
     (lists indexed by position in ``order``), per-engine stall cycles, and the tokens still
@@ -376,6 +381,9 @@ def simulate(recs: list[tuple], order: range, machine: Machine) -> tuple[list, l
         e = best
         idx = queues[e][pos[e]]
         r = recs[idx]
+        if max_cycles is not None and best_t > max_cycles:
+            limit = f"cycle limit reached: would issue at cycle {best_t} > --max-cycles {max_cycles}"
+            raise Faulted(idx, limit)
         for src in r[1]:
             tokens[src][e].popleft()
         try:

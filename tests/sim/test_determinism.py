@@ -61,3 +61,16 @@ def test_compiles_repeat_byte_for_byte(built, tmp_path):
         for out in (a, b):
             mcpc.compile(str(built / "encoder_block.onnx"), qat_config=config, output=out)
         assert a.read_bytes() == b.read_bytes(), config
+
+
+def test_max_cycles_stops_a_long_run_with_a_trap(built):
+    from click.testing import CliRunner
+
+    from mcpc.cli import cli
+
+    prog = str(built / "encoder_block.mcpb")
+    full = run_program(load_program(prog), dict(np.load(built / "encoder_block.npz"))).profile["cycles"]
+    args = ["sim", "run", prog, "--inputs", str(built / "encoder_block.npz")]
+    stopped = CliRunner().invoke(cli, [*args, "--max-cycles", str(full // 2)])
+    assert stopped.exit_code == 5 and "cycle limit reached" in stopped.output, stopped.output
+    assert CliRunner().invoke(cli, [*args, "--max-cycles", str(full)]).exit_code == 0
