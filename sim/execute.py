@@ -307,15 +307,20 @@ def compile_dma(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, t
     return (_load if i.op == "load" else _store), args
 
 
-def compile_matmul(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
-    if i.in_dtype not in target.mac.macs_per_cycle:
-        raise Fault(f"illegal instruction: target {target.name} has no matmul rate for {i.in_dtype}")
+def matmul_operands(i: Instr | Decoded, b: _Bounds) -> tuple[tuple, tuple, tuple]:
+    """The A, B (n x k when ``trans_b``) and C (f32) operand descriptors of a matmul."""
     A = b.operand("A", i.a, i.m, i.k, i.a_stride, 0, i.in_dtype)
     if i.trans_b:
         B = b.operand("B", i.b, i.n, i.k, i.b_stride, 0, i.in_dtype)
     else:
         B = b.operand("B", i.b, i.k, i.n, i.b_stride, 0, i.in_dtype)
-    C = b.operand("C", i.c, i.m, i.n, i.c_stride, 0, "f32")
+    return A, B, b.operand("C", i.c, i.m, i.n, i.c_stride, 0, "f32")
+
+
+def compile_matmul(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
+    if i.in_dtype not in target.mac.macs_per_cycle:
+        raise Fault(f"illegal instruction: target {target.name} has no matmul rate for {i.in_dtype}")
+    A, B, C = matmul_operands(i, b)
     if i.m == 0 or i.n == 0:
         return _nop, ()
     if i.k == 0:  # an empty product: C = 0 (or unchanged when accumulating)

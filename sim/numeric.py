@@ -28,7 +28,7 @@ import numpy as np
 from mcpc.arch.numerics import NUMPY_DTYPES
 
 from . import execute as _ex
-from .execute import _Bounds, _get, _nop, _trap
+from .execute import _Bounds, _get, _nop, _trap, matmul_operands
 from .machine import Fault, Machine
 
 FLOAT_DTYPES = frozenset({"f32", "f16", "bf16", "f8e4m3fn"})
@@ -93,12 +93,7 @@ def _operands(i: Any, b: _Bounds) -> tuple[tuple, tuple, bool]:
     """(destination, sources, immediate is non-finite) descriptors, as compile_instr builds them."""
     op = i.op
     if op == "matmul":
-        A = b.operand("A", i.a, i.m, i.k, i.a_stride, 0, i.in_dtype)
-        if i.trans_b:
-            B = b.operand("B", i.b, i.n, i.k, i.b_stride, 0, i.in_dtype)
-        else:
-            B = b.operand("B", i.b, i.k, i.n, i.b_stride, 0, i.in_dtype)
-        C = b.operand("C", i.c, i.m, i.n, i.c_stride, 0, "f32")
+        A, B, C = matmul_operands(i, b)
         return C, ((A, B, C) if i.acc else (A, B)), False
     rows, cols = i.rows, i.cols
     if op == "vbin":
