@@ -40,6 +40,11 @@ _REQUIRED_LANES = ("f32", "f16", "bf16", "i32")
 # more would compile programs whose addresses do not encode.
 DRAM_ADDRESS_BYTES = 1 << 40
 SRAM_ADDRESS_BYTES = 1 << 32
+# Physical plausibility bounds (far outside any real part): they keep every cycle count of a
+# program well inside 64 bits, so a hostile or mistyped target is refused here, not by an
+# overflow in the simulator's counters.  The matmul m/n fields are 16-bit: so is the array.
+MAX_ARRAY_DIM = 1 << 16
+MAX_LATENCY_CYCLES = 1 << 24
 
 
 def _check_dtype_rates(value: dict[str, int]) -> dict[str, int]:
@@ -64,13 +69,13 @@ class MacSpec(_Strict):
     takes the weight-streaming path, whose latency is ``stream_latency`` (docs/timing.md).
     """
 
-    array_rows: int = Field(gt=0)
-    array_cols: int = Field(gt=0)
+    array_rows: int = Field(gt=0, le=MAX_ARRAY_DIM)
+    array_cols: int = Field(gt=0, le=MAX_ARRAY_DIM)
     macs_per_cycle: dict[str, int]
-    pipeline_latency: int = Field(ge=0)
-    weight_bytes_per_cycle: float = Field(gt=0)
-    stream_max_rows: int = Field(ge=0)
-    stream_latency: int = Field(ge=0)
+    pipeline_latency: int = Field(ge=0, le=MAX_LATENCY_CYCLES)
+    weight_bytes_per_cycle: float = Field(ge=1 / 64, le=1 << 30)
+    stream_max_rows: int = Field(ge=0, le=MAX_ARRAY_DIM)
+    stream_latency: int = Field(ge=0, le=MAX_LATENCY_CYCLES)
 
     _v = field_validator("macs_per_cycle")(_check_dtype_rates)
 
@@ -80,7 +85,7 @@ class VectorSpec(_Strict):
 
     lanes: dict[str, int]
     sfu_lanes: int = Field(gt=0)
-    latency: int = Field(ge=0)
+    latency: int = Field(ge=0, le=MAX_LATENCY_CYCLES)
 
     @field_validator("lanes")
     @classmethod
@@ -103,8 +108,8 @@ class DramSpec(_Strict):
     """Off-chip memory: one channel shared by the load and store engines."""
 
     size_bytes: int = Field(gt=0, le=DRAM_ADDRESS_BYTES)
-    bandwidth_gbps: float = Field(gt=0)
-    latency_ns: float = Field(ge=0)
+    bandwidth_gbps: float = Field(ge=0.1, le=1e6)  # 100 MB/s to 1 PB/s
+    latency_ns: float = Field(ge=0, le=1e6)  # up to 1 ms
 
 
 class Target(_Strict):
@@ -118,7 +123,7 @@ class Target(_Strict):
     name: str = Field(min_length=1)
     description: str = ""
     modelled_on: str = ""
-    clock_mhz: float = Field(gt=0)
+    clock_mhz: float = Field(ge=1, le=10_000)  # 1 MHz to 10 GHz
     mac: MacSpec
     vector: VectorSpec
     sram: SramSpec

@@ -237,7 +237,7 @@ def _check_binding(src: str, where: str, b, dram_size: int) -> str:
     if not isinstance(b, dict) or not isinstance(b.get("name"), str) or not b["name"]:
         raise InputError(f"{src}: section IOBD: {where} has a malformed binding {b!r}")
     what = f"{src}: I/O binding {b['name']!r} ({where})"
-    if b.get("dtype") not in NUMPY_DTYPES:
+    if not isinstance(b.get("dtype"), str) or b["dtype"] not in NUMPY_DTYPES:
         raise InputError(f"{what} has unknown dtype {b.get('dtype')!r}")
     shape = b.get("shape")
     if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):

@@ -67,7 +67,7 @@ def test_overrides_list_and_dict():
 @pytest.mark.parametrize(
     "override, needle",
     [
-        ("dram.bandwidth_gbps=0", "mcp2026-a100.yaml: dram.bandwidth_gbps: must be > 0"),
+        ("dram.bandwidth_gbps=0", "mcp2026-a100.yaml: dram.bandwidth_gbps: must be >= 0.1"),
         ("sram.sizebytes=1", "unknown override key 'sram.sizebytes' (valid keys: schema"),
         ("mac.macs_per_cycle.f9=1", "mac.macs_per_cycle: unknown dtype 'f9'"),
         ("clock_mhz=fast", "clock_mhz"),
