@@ -209,8 +209,35 @@ def parse_config(text: str, source: str) -> QatConfig:
             hint = _unknown_key_hint(err, QatConfig) if err["type"] == "extra_forbidden" else ""
             parts.append(_describe(err) + hint)
         raise ConfigError(f"{source}: " + "; ".join(parts)) from None
+    _check_precision_is_built(config, source)
     config._source = source
     return config
+
+
+def built_precision(config: QatConfig) -> str:
+    """The storage dtype of weights and activations that ``config``'s pipeline builds: the
+    ``dtype`` of its ``convert-precision`` pass (default f16), else f32."""
+    for name, options in parse_pipeline(config.pipeline_text()):
+        if name == "convert-precision":
+            return options.get("dtype", "f16")
+    return "f32"
+
+
+def _check_precision_is_built(config: QatConfig, source: str) -> None:
+    """``precision`` must describe the build the pipeline makes: a config asking for int4 weights
+    of an fp16 pipeline would otherwise compile an fp16 build without a word."""
+    built = built_precision(config)
+    p = config.precision
+    wrong = [(key, getattr(p, key)) for key in ("weights", "activations") if getattr(p, key) != built]
+    if p.accumulate != "f32":
+        wrong.append(("accumulate", p.accumulate))
+    if wrong:
+        said = "; ".join(f"precision.{key}: {value}" for key, value in wrong)
+        raise ConfigError(
+            f"{source}: {said}: the pipeline builds {built} weights and activations with f32 "
+            f"accumulation (pipeline {config.pipeline.strip()!r}); quantized weights and activations "
+            "(i4, i8, f8) are not implemented yet, so this config would compile another build than it asks"
+        )
 
 
 def shipped_configs() -> list[str]:

@@ -6,13 +6,13 @@ import pytest
 
 from mcpc.errors import ConfigError
 from mcpc.passes import PRESETS, parse_pipeline
-from mcpc.qat_configs import DTYPE_NAMES, load_config, parse_config, shipped_configs
+from mcpc.qat_configs import DTYPE_NAMES, load_config, parse_config, schema, shipped_configs
 
 VALID = """\
 schema: 1
 name: custom
 description: test config
-precision: {weights: f16, activations: f16, accumulate: f32}
+precision: {weights: f32, activations: f32, accumulate: f32}
 pipeline: "fold-constants, dce"
 check: {rtol: 1.0e-3, atol: 1.0e-4, min_cosine: 0.99}
 """
@@ -67,7 +67,7 @@ def _error(text: str, source: str = "fp16.yaml") -> str:
 
 
 def test_unknown_dtype_names_file_and_key_path():
-    msg = _error(VALID.replace("weights: f16", "weights: f17"))
+    msg = _error(VALID.replace("weights: f32", "weights: f17"))
     assert msg.startswith("fp16.yaml: precision.weights: unknown dtype 'f17' (expected one of f32, f16,")
     assert all(name in msg for name in DTYPE_NAMES)
 
@@ -110,3 +110,24 @@ def test_dtype_vocabulary_matches_the_ir():
     from mcpc.ir import dtypes
 
     assert set(DTYPE_NAMES) == set(dtypes.DTYPES)
+
+
+@pytest.mark.parametrize(
+    "precision, pipeline, key",
+    [
+        ("{weights: i4, activations: f16, accumulate: f32}", "fp16", "precision.weights: i4"),
+        ("{weights: f16, activations: f16, accumulate: f32}", "fp32", "precision.weights: f16"),
+        ("{weights: f16, activations: f16, accumulate: f16}", "fp16", "precision.accumulate: f16"),
+        ("{weights: f32, activations: i8, accumulate: f32}", '"dce"', "precision.activations: i8"),
+    ],
+)
+def test_a_precision_the_pipeline_does_not_build_is_refused(precision, pipeline, key):
+    text = f"schema: 1\nname: x\nprecision: {precision}\npipeline: {pipeline}\ncheck: {{min_cosine: 0.9}}\n"
+    msg = _error(text, "x.yaml")
+    assert msg.startswith(f"x.yaml: {key}") and "pipeline builds" in msg
+
+
+def test_the_shipped_configs_describe_their_builds():
+    for name in ("fp16", "fp32"):
+        cfg = load_config(name)
+        assert cfg.precision.weights == cfg.precision.activations == schema.built_precision(cfg)
