@@ -112,6 +112,28 @@ def negate_largest_weight():
     return _negate_largest_weight
 
 
+@pytest.fixture
+def f32_only_op():
+    """A test-only op that accepts f32 operands only (stands for an op that must stay f32),
+    registered for the duration of one test so registry-wide tests never see it."""
+    from mcpc.ir.core import OP_REGISTRY, Operation
+
+    class F32OnlyOp(Operation):
+        name = "test.f32_only"
+        NUM_OPERANDS = 1
+
+        @classmethod
+        def infer_types(cls, operand_types, attrs):
+            if operand_types[0].dtype.name != "f32":
+                raise ValueError("f32 only")
+            return [operand_types[0]]
+
+    try:
+        yield F32OnlyOp
+    finally:
+        OP_REGISTRY.pop(F32OnlyOp.name, None)
+
+
 # -- skips ---------------------------------------------------------------------------------------
 
 OPTIONAL_EXTRA_SKIP = "optional extra not installed"

@@ -12,7 +12,6 @@ from conftest import norm_max_err
 from mcpc.errors import UsageError
 from mcpc.examples import causal_mask, encoder_block
 from mcpc.ir import parse_module, print_module
-from mcpc.ir.core import OP_REGISTRY, Operation
 from mcpc.ir.dtypes import F16
 from mcpc.ir.interpreter import interpret
 from mcpc.ir.onnx_import import import_onnx
@@ -20,27 +19,6 @@ from mcpc.passes import PassManager, build_pipeline, load_all_passes
 from mcpc.passes.convert_precision import convert_constant
 
 load_all_passes()
-
-
-@pytest.fixture
-def f32_only_op():
-    """A test-only op that accepts f32 operands only (stands for an op that must stay f32),
-    registered for the duration of one test so registry-wide tests never see it."""
-
-    class F32OnlyOp(Operation):
-        name = "test.f32_only"
-        NUM_OPERANDS = 1
-
-        @classmethod
-        def infer_types(cls, operand_types, attrs):
-            if operand_types[0].dtype.name != "f32":
-                raise ValueError("f32 only")
-            return [operand_types[0]]
-
-    try:
-        yield F32OnlyOp
-    finally:
-        OP_REGISTRY.pop(F32OnlyOp.name, None)
 
 
 def _pipeline(text):

@@ -156,22 +156,10 @@ def test_bad_island_kinds_are_refused():
             parse_config(broken, "bad.yaml")
 
 
-def test_an_island_reads_an_f32_only_op_without_a_round_trip_through_f16():
-    from mcpc.ir.core import OP_REGISTRY, Operation
-
-    class F32Only(Operation):
-        name = "test.f32_only_policy"
-        NUM_OPERANDS = 1
-
-        @classmethod
-        def infer_types(cls, operand_types, attrs):
-            if operand_types[0].dtype.name != "f32":
-                raise ValueError("f32 only")
-            return [operand_types[0]]
-
+def test_an_island_reads_an_f32_only_op_without_a_round_trip_through_f16(f32_only_op):
     text = """module @m {
   func @main(%x: tensor<4x8xf32>) -> ("y": tensor<4x1xf32>) {
-    %0 = test.f32_only_policy %x : (tensor<4x8xf32>) -> tensor<4x8xf32>
+    %0 = test.f32_only %x : (tensor<4x8xf32>) -> tensor<4x8xf32>
     %1 = mcp.constant {value = dense<[2.0]> : tensor<f32>} : () -> tensor<f32>
     %2 = mcp.pow %0, %1 : (tensor<4x8xf32>, tensor<f32>) -> tensor<4x8xf32>
     %3 = mcp.reduce_mean %2 {axes = [-1], keepdims = true} : (tensor<4x8xf32>) -> tensor<4x1xf32>
@@ -179,10 +167,7 @@ def test_an_island_reads_an_f32_only_op_without_a_round_trip_through_f16():
   }
 }
 """
-    try:
-        module = PassManager(build_pipeline("convert-precision{dtype=f16},dce")).run(parse_module(text))
-        pow_op = next(op for op in module.main.ops if op.name == "mcp.pow")
-        # its f32 result itself: a cast to f16 and back would turn values beyond 65504 into inf
-        assert pow_op.operands[0].owner.name == "test.f32_only_policy"
-    finally:
-        OP_REGISTRY.pop(F32Only.name, None)
+    module = PassManager(build_pipeline("convert-precision{dtype=f16},dce")).run(parse_module(text))
+    pow_op = next(op for op in module.main.ops if op.name == "mcp.pow")
+    # its f32 result itself: a cast to f16 and back would turn values beyond 65504 into inf
+    assert pow_op.operands[0].owner.name == "test.f32_only"
