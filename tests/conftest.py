@@ -134,6 +134,17 @@ def f32_only_op():
         OP_REGISTRY.pop(F32OnlyOp.name, None)
 
 
+@pytest.fixture(scope="session")
+def examples_dir(tmp_path_factory):
+    """The bundled examples (``NAME.onnx`` + ``NAME.npz``, mcpc.examples) written once per test
+    session; tests read them and write their own outputs elsewhere."""
+    from mcpc.examples import build_examples
+
+    out = tmp_path_factory.mktemp("examples")
+    build_examples(out)
+    return out
+
+
 # -- skips ---------------------------------------------------------------------------------------
 
 OPTIONAL_EXTRA_SKIP = "optional extra not installed"

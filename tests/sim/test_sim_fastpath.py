@@ -10,7 +10,6 @@ import pytest
 from simprog import build
 
 import mcpc
-from mcpc.examples import build_examples
 from mcpc.sim import fastpath
 from mcpc.sim.api import from_program, run_program
 
@@ -26,13 +25,6 @@ def _same(a: dict, b: dict) -> None:
     assert set(a) == set(b)
     for name in a:
         assert a[name].dtype == b[name].dtype and a[name].tobytes() == b[name].tobytes(), name
-
-
-@pytest.fixture(scope="module")
-def examples_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("examples")
-    build_examples(out)
-    return out
 
 
 @pytest.mark.parametrize("config", ["fp32", "fp16"])

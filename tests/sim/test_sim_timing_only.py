@@ -15,18 +15,10 @@ from timing_only_util import assert_timing_only_matches
 import mcpc
 from mcpc.arch.mcpb import write_mcpb
 from mcpc.errors import InputError, SimTrap
-from mcpc.examples import build_examples
 from mcpc.sim.api import from_program, load_program, run_program
 from mcpc.sim.cli import sim_group
 
 EXAMPLES = ("mlp", "encoder_block", "decoder_block")
-
-
-@pytest.fixture(scope="module")
-def examples_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("examples")
-    build_examples(out)
-    return out
 
 
 @pytest.mark.parametrize("target", ["mcp2026-a100", "mcp2026-edge"])
