@@ -53,30 +53,11 @@ def _bindings(program: LoadedProgram, entry: str) -> tuple[range, dict]:
     return range(start, stop), io
 
 
-def _shape(b: dict, source: str) -> tuple[int, ...]:
-    shape = b.get("shape", [])
-    if not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise InputError(f"{source}: I/O binding {b.get('name')!r} has a non-concrete shape {shape}")
-    return tuple(shape)
-
-
-def _dtype(b: dict, source: str) -> np.dtype:
-    if b.get("dtype") not in NUMPY_DTYPES:
-        raise InputError(f"{source}: I/O binding {b.get('name')!r} has unknown dtype {b.get('dtype')!r}")
-    return NUMPY_DTYPES[b["dtype"]]
-
-
-def _check_region(b: dict, length: int, size: int, source: str) -> int:
-    declared = b.get("bytes")
-    if isinstance(declared, int) and declared != length:
-        raise InputError(
-            f"{source}: I/O binding {b.get('name')!r} declares {declared} bytes, its dtype and shape "
-            f"need {length}"
-        )
-    addr = b.get("dram")
-    if not isinstance(addr, int) or addr < 0 or addr + length > size:
-        raise InputError(f"{source}: I/O binding {b.get('name')!r} lies outside DRAM of {size} bytes")
-    return addr
+def _layout(b: dict) -> tuple[np.dtype, tuple[int, ...], int]:
+    """(numpy dtype, shape, DRAM address) of an I/O binding.  The loader validated every binding
+    (``loader._check_binding``: known dtype, concrete shape, a region of exactly its bytes inside
+    DRAM), so nothing here can be out of range."""
+    return NUMPY_DTYPES[b["dtype"]], tuple(b["shape"]), b["dram"]
 
 
 def _coerce(name: str, value, dt: np.dtype, shape: tuple[int, ...], binding_dtype: str) -> np.ndarray:
@@ -153,11 +134,11 @@ def run_program(
         raise InputError(f"inputs are missing {', '.join(missing)} (entry {entry!r} needs {names})")
     writes = []
     for b in in_bindings:
-        dt, shape = _dtype(b, src), _shape(b, src)
+        dt, shape, addr = _layout(b)
         arr = _coerce(b["name"], inputs[b["name"]], dt, shape, b["dtype"])
         _check_range(b, arr)
         raw = pack4(arr.reshape(-1)) if b["dtype"] in PACKED else arr.view(np.uint8).reshape(-1)
-        writes.append((_check_region(b, raw.size, program.dram_size, src), raw))
+        writes.append((addr, raw))
     if timing_only:
         m, recs = Machine(program.dram_size, t.sram.size_bytes), program.timing_recs()
     else:
@@ -192,10 +173,9 @@ def run_program(
         raise SimTrap(f"{src}: token deadlock in entry {entry!r}: {blocked}") from None
     outputs = {}
     for b in [] if timing_only else io.get("outputs", []):
-        dt, shape = _dtype(b, src), _shape(b, src)
+        dt, shape, addr = _layout(b)
         count = int(np.prod(shape, dtype=np.int64))
         size = nbytes(b["dtype"], count)
-        addr = _check_region(b, size, m.dram_size, src)
         if b["dtype"] in PACKED:
             flat = unpack4(m.dram[addr : addr + size], b["dtype"], count)
         else:
@@ -218,7 +198,7 @@ def random_inputs(program: LoadedProgram, entry: str = "main", seed: int = 0) ->
     rng = np.random.default_rng(seed)
     out = {}
     for b in io.get("inputs", []):
-        dt, shape = _dtype(b, program.source), _shape(b, program.source)
+        dt, shape, _ = _layout(b)
         name = b["dtype"]
         if name in FLOAT_DTYPES:
             out[b["name"]] = rng.standard_normal(shape, dtype=np.float32).astype(dt)
