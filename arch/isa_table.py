@@ -482,7 +482,7 @@ _SPECS: list[InstrSpec] = [
           "dtype dtype, dst u32, idx u32, src u32, rows u20, cols u20, topk_k u16, src_stride u20, "
           "dst_stride u20, idx_stride u20, largest u1, rows_reg u4",
           "Top-k of each row: the k values (dtype) and their i32 indices.",
-          execute="compile_vtopk", cost="topk_cost", access=_access_vtopk, extent=("rows", "rows_reg"),
+          execute="compile_vtopk", cost="vector_cost", access=_access_vtopk, extent=("rows", "rows_reg"),
           twin="numerics.topk",
           semantics="For each row r, the `topk_k` largest (`largest` = 1, descending) or smallest "
           "(ascending) elements of src[r][0..cols) go to dst[r][0..k) and their column indices (i32) to "

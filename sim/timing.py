@@ -42,7 +42,6 @@ from .decode import Decoded
 from .machine import PACKED, Fault, Machine, nbytes
 
 _TRANSPOSE_LANES = {1: "i8", 2: "f16", 4: "f32", 8: "i64"}
-DMA_OPS = frozenset({"load", "store", "gather"})
 
 
 class Cost(NamedTuple):
@@ -112,17 +111,9 @@ def vector_cost(i: Instr | Decoded, target: Any) -> Cost:
     return Cost(max(1, passes * math.ceil(i.rows * i.cols / lanes)), vec.latency, 0, 0, 0)
 
 
-def topk_cost(i: Instr | Decoded, target: Any) -> Cost:
-    """vtopk: topk_k vector passes over each row, then the vector pipeline's latency."""
-    return vector_cost(i, target)
-
-
 def scalar_cost(i: Instr | Decoded, target: Any) -> Cost:
     """setr, salu, setq, nop, halt: one cycle."""
     return Cost(1, 0, 0, 0, 0)
-
-
-VECTOR_OPS = frozenset({"vbin", "vbini", "vun", "vred", "vsel", "transpose", "vtopk"})
 
 
 def instr_cost(i: Instr | Decoded, target: Any) -> Cost:
