@@ -1,4 +1,8 @@
-"""Data-free weight quantization: round to nearest (RTN) and a per-group clipping search (MSE)."""
+"""Data-free weight quantization: round to nearest (RTN) and a per-group clipping search (MSE).
+
+``clip_search`` is shared with AWQ, which runs it with an output-error metric instead of the
+weight-error one.
+"""
 
 from __future__ import annotations
 
@@ -46,17 +50,32 @@ def quantize_mse(w: np.ndarray, spec: QuantSpec, grid=DEFAULT_MSE_GRID) -> Quant
     ``len(grid)`` RTN passes.
     """
     w = check_weight(w)
+    stored, zp, codes = clip_search(grouped(w, spec), spec, grid)
+    return make_weight(w, codes, stored, zp, spec, "mse")
+
+
+def clip_search(wg: np.ndarray, spec: QuantSpec, grid, hblocks: np.ndarray | None = None):
+    """(stored scales, zero points, codes) of grouped weights ``wg`` (G, g, N), each group's range
+    shrunk by the best factor of ``grid``.
+
+    The error of a group is ``sum_n d_n^T M d_n`` over its columns, ``d`` the group's reconstruction
+    error, with ``M`` the identity (weight MSE) or the group's diagonal block ``hblocks[G]`` (g, g) of
+    the input second moment (the layer's output error, cross-group terms left out).
+    """
     grid = [float(p) for p in grid]
     if not grid or any(not 0.0 < p <= 1.0 for p in grid):
         raise ValueError(f"clipping grid factors must lie in (0, 1], got {grid}")
-    wg = grouped(w, spec)
     lo, hi = group_range(wg, spec)
     best = None
     for p in grid:
         stored, zp, s32 = qparams(lo * F32(p), hi * F32(p), spec)
         zpb = None if zp is None else zp[:, None, :]
         codes = quantize_values(wg, s32[:, None, :], zpb, spec)
-        err = np.square(dequantize_values(codes, s32[:, None, :], zpb) - wg).sum(axis=1)  # (G, N)
+        d = dequantize_values(codes, s32[:, None, :], zpb) - wg
+        if hblocks is None:
+            err = np.square(d).sum(axis=1)  # (G, N)
+        else:
+            err = (np.matmul(hblocks, d) * d).sum(axis=1)
         if best is None:
             best = [err, stored, zp, codes]
             continue
@@ -66,5 +85,4 @@ def quantize_mse(w: np.ndarray, spec: QuantSpec, grid=DEFAULT_MSE_GRID) -> Quant
         if zp is not None:
             best[2] = np.where(better, zp, best[2])
         best[3] = np.where(better[:, None, :], codes, best[3])
-    _, stored, zp, codes = best
-    return make_weight(w, codes, stored, zp, spec, "mse")
+    return best[1], best[2], best[3]
