@@ -41,19 +41,28 @@ from .core import (
 
 
 def _inverse_cholesky(h: np.ndarray, damp: float) -> np.ndarray:
-    """Upper Cholesky factor of (H + damp*mean(diag)*I)^-1; the damping grows tenfold (up to 4 times)
-    when H is not positive definite in floating point."""
+    """Upper triangular U with U^T U = (H + damp*mean(diag)*I)^-1; the damping grows tenfold (up to
+    4 times) when H is not positive definite in floating point.
+
+    One Cholesky factorisation and one triangular inverse: with R the index reversal and
+    R H R = L L^T, U = R L^-1 R is upper triangular and U^T U = R L^-T L^-1 R = H^-1.
+    """
     k = h.shape[0]
     mean_diag = float(np.mean(np.diag(h))) or 1.0
     d = float(damp)
+    rev = slice(None, None, -1)
     for _ in range(5):
+        hd = h.copy()
+        hd[np.diag_indices(k)] += d * mean_diag
         try:
-            hd = h + (d * mean_diag) * np.eye(k)
-            low = scipy.linalg.cholesky(hd, lower=True)
-            hinv = scipy.linalg.cho_solve((low, True), np.eye(k))
-            return scipy.linalg.cholesky(hinv, lower=False)
+            low = scipy.linalg.cholesky(np.ascontiguousarray(hd[rev, rev]), lower=True, check_finite=False)
         except np.linalg.LinAlgError:
             d = max(d * 10.0, 1e-6)
+            continue
+        inv, info = scipy.linalg.lapack.dtrtri(low, lower=1)
+        if info == 0:
+            return np.ascontiguousarray(inv[rev, rev])
+        d = max(d * 10.0, 1e-6)
     raise ValueError("the calibration Hessian is not positive definite even with heavy damping")
 
 
