@@ -7,7 +7,12 @@ token ids, batches of 8 mixing lengths), run through ONNX Runtime with every Mat
 an output; their ``InputStats`` are accumulated once and timed apart ("calibration statistics"),
 so each algorithm row is the algorithm alone.  Each row also reports the bits per weight (codes,
 scales, zero points) and the calibration output error summed over the layers, relative to RTN's
-(trace(dW^T H dW): what AWQ and GPTQ minimise; a proxy, not the model's accuracy).
+(trace(dW^T H dW): what AWQ and GPTQ minimise), and the mean per-sequence cosine of the pooled
+output (``461``) against the f32 model on 64 held-out sequences of the same kind, the quantized
+weights substituted into the f32 ONNX model (dequantized; for AWQ ``diag(1/s) Q(diag(s) W)``, the same
+product) and run by ONNX Runtime — ONNX Runtime's own MatMulNBits models (``accuracy_level`` 0) on the
+same inputs beside them.  Random token ids are not English: the accuracy that counts is measured on
+real sentences elsewhere; these figures rank the algorithms on one model in one run.
 """
 
 from __future__ import annotations
@@ -88,6 +93,52 @@ def calibration_stats(model, realistic_inputs, names, n_seq: int, seq: int, seed
     return stats
 
 
+def with_weights(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of ``model`` whose MatMul/Gemm node ``name`` uses ``weights[name]`` (K, N) (stored
+    transposed again for a Gemm with transB)."""
+    out = copy.deepcopy(model)
+    inits = {t.name: t for t in out.graph.initializer}
+    for node in out.graph.node:
+        if node.name not in weights:
+            continue
+        w = weights[node.name]
+        if node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute):
+            w = w.T
+        inits[node.input[1]].CopyFrom(
+            numpy_helper.from_array(np.ascontiguousarray(w, np.float32), node.input[1])
+        )
+    return out
+
+
+class _Evaluator:
+    """Mean per-sample cosine of one model output against the f32 model's, on held-out inputs."""
+
+    def __init__(self, model, make_inputs, output: str, n_seq: int, seq: int, seed: int):
+        import onnxruntime as ort
+
+        self._ort = ort
+        self.output = output
+        batch = 8
+        self.feeds = [
+            make_inputs(model, min(batch, n_seq - b * batch), seq, seed + 10_000 + b)
+            for b in range(-(-n_seq // batch))
+        ]
+        self.ref = self._run(model)
+
+    def _run(self, model) -> np.ndarray:
+        opts = self._ort.SessionOptions()
+        opts.log_severity_level = 3
+        sess = self._ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        outs = [sess.run([self.output], f)[0] for f in self.feeds]
+        return np.concatenate([o.reshape(o.shape[0], -1) for o in outs]).astype(np.float64)
+
+    def cosine(self, model) -> float:
+        y = self._run(model)
+        num = np.sum(y * self.ref, axis=1)
+        den = np.linalg.norm(y, axis=1) * np.linalg.norm(self.ref, axis=1)
+        return float(np.mean(num / np.maximum(den, 1e-30)))
+
+
 def _best(fn, repeats: int, slow_s: float = 2.0) -> tuple[float, int]:
     """(best wall time, timed runs): a warm-up then ``repeats`` runs; a warm-up slower than
     ``slow_s`` counts as the one timed run (AWQ and GPTQ take seconds: warming them up buys nothing)."""
@@ -115,15 +166,20 @@ def measure_quant(
 
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
     model, realistic_inputs = source or _minilm()
+    output = model.graph.output[0].name if source else "461"  # MiniLM's pooled sentence embedding
     layers = linear_weights(model)
+    evaluator = _Evaluator(model, realistic_inputs, output, min(n_seq, 64), seq, seed)
     n_weights = sum(w.size for _, _, w in layers)
     rows = []
 
     for sym in (False, True):
 
         def ort_once(sym=sym):
-            q = MatMulNBitsQuantizer(copy.deepcopy(model), bits=4, block_size=BLOCK, is_symmetric=sym)
+            q = MatMulNBitsQuantizer(
+                copy.deepcopy(model), bits=4, block_size=BLOCK, is_symmetric=sym, accuracy_level=0
+            )
             q.process()
+            return q.model.model
 
         copy_s, _ = _best(lambda: copy.deepcopy(model), repeats)  # the deep copy is not the quantizer's
         ort_s, runs = _best(ort_once, repeats)
@@ -134,6 +190,7 @@ def measure_quant(
                 "seconds": max(ort_s - copy_s, 0.0),
                 "runs": runs,
                 "peer": True,
+                "cosine": evaluator.cosine(ort_once()),
             }
         )
 
@@ -170,7 +227,9 @@ def measure_quant(
             res[:] = run_all(lambda wt, st: fn(wt, st, spec))
 
         secs, runs = _best(once, repeats)
-        err = sum(output_error(w, e, hess[x]) for (_, x, w), e in zip(layers, effective(res), strict=True))
+        eff = effective(res)
+        err = sum(output_error(w, e, hess[x]) for (_, x, w), e in zip(layers, eff, strict=True))
+        cos = evaluator.cosine(with_weights(model, {n: e for (n, _, _), e in zip(layers, eff, strict=True)}))
         key = (spec.symmetric, spec.scale_dtype)
         rtn_err.setdefault(key, err)
         bits = (
@@ -188,6 +247,7 @@ def measure_quant(
             "peer": False,
             "bits_per_weight": bits,
             "output_error_vs_rtn": err / rtn_err[key],
+            "cosine": cos,
         }
         rows.append(row)
         print(f"[quant] {name} {row['spec']}: {secs * 1e3:.0f} ms", file=log, flush=True)
@@ -201,6 +261,8 @@ def measure_quant(
         "weights": int(n_weights),
         "calibration_tokens": n_seq * seq,
         "calibration_s": calib_s,
+        "eval_samples": int(evaluator.ref.shape[0]),
+        "eval_output": output,
         "repeats": repeats,
         "rows": rows,
     }
