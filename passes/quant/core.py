@@ -226,28 +226,37 @@ def qparams(
     return stored, zp, s32
 
 
-def quantize_values(w: np.ndarray, s32: np.ndarray, zp: np.ndarray | None, spec: QuantSpec) -> np.ndarray:
-    """Codes of ``w`` with scales ``s32`` (f32) and zero points broadcast against it, clipped to the
-    spec's range, in ``spec.code_dtype``; the arithmetic of ``spec.rounding`` (module docstring)."""
+def quantize_float(w: np.ndarray, s32: np.ndarray, zp: np.ndarray | None, spec: QuantSpec) -> np.ndarray:
+    """Codes of ``w`` as integral f32 values: scales ``s32`` (f32) and zero points broadcast against
+    ``w``, clipped to the spec's range; the arithmetic of ``spec.rounding`` (module docstring)."""
     if spec.rounding == "half_away":
         z = F32(1 << (spec.bits - 1)) if zp is None else zp.astype(F32)
         with np.errstate(divide="ignore"):
-            recip = (F32(1) / s32).astype(F32)
-        u = round_to_int((w * recip).astype(F32) + z, "half_away")
-        u = np.clip(u, 0, (1 << spec.bits) - 1)
+            recip = np.divide(F32(1), s32, dtype=F32)
+        u = np.multiply(w, recip, dtype=F32)
+        u += z
+        u = round_to_int(u, "half_away")
+        np.clip(u, 0, (1 << spec.bits) - 1, out=u)
         if zp is None:
-            u = u - F32(1 << (spec.bits - 1))
-        return u.astype(spec.code_dtype)
-    q = round_to_int(np.divide(w, s32, dtype=F32), "half_even")
+            u -= F32(1 << (spec.bits - 1))
+        return u
+    q = np.divide(w, s32, dtype=F32)
+    np.rint(q, out=q)  # round_to_int's half_even, in place
     if zp is not None:
-        q = q + zp.astype(F32)
-    return np.clip(q, spec.qmin, spec.qmax).astype(spec.code_dtype)
+        q += zp.astype(F32)
+    return np.clip(q, spec.qmin, spec.qmax, out=q)
+
+
+def quantize_values(w: np.ndarray, s32: np.ndarray, zp: np.ndarray | None, spec: QuantSpec) -> np.ndarray:
+    """``quantize_float`` in ``spec.code_dtype``."""
+    return quantize_float(w, s32, zp, spec).astype(spec.code_dtype)
 
 
 def dequantize_values(q: np.ndarray, s32: np.ndarray, zp: np.ndarray | None) -> np.ndarray:
-    """f32 ``(q - zp) * s`` (the dequantize op's arithmetic) for broadcastable arrays."""
-    d = q.astype(F32) if zp is None else q.astype(F32) - zp.astype(F32)
-    return (d * s32).astype(F32)
+    """f32 ``(q - zp) * s`` (the dequantize op's arithmetic) for broadcastable arrays; ``q`` integer
+    codes or their integral f32 values."""
+    d = np.asarray(q, dtype=F32) if zp is None else np.subtract(q, zp, dtype=F32)
+    return np.multiply(d, s32, dtype=F32)
 
 
 def make_weight(
