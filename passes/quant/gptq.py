@@ -136,7 +136,7 @@ def quantize_gptq(
         perm = np.argsort(-np.diag(h), kind="stable")
         wg = grouped(w, spec)
         for gi in range(n_groups):
-            set_group(gi, wg[gi])
+            set_group(gi, wg[gi][: min(g, k - gi * g)])
     else:
         perm = np.arange(k)
     h = h[np.ix_(perm, perm)]

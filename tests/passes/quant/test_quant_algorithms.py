@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mcpc.passes.quant import (
     InputStats,
@@ -153,3 +155,48 @@ def test_mse_never_worse_than_rtn_per_group(spec):
 def test_mse_refuses_bad_grid():
     with pytest.raises(ValueError, match="grid"):
         quantize_mse(np.ones((4, 4)), QuantSpec(), grid=(1.2,))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    spec=st.builds(
+        QuantSpec,
+        bits=st.integers(2, 8),
+        group_size=st.sampled_from([0, 5, 16, 32]),
+        symmetric=st.booleans(),
+        scale_dtype=st.sampled_from(["f32", "f16", "bf16"]),
+        rounding=st.sampled_from(["half_even", "half_away"]),
+    ),
+    k=st.integers(1, 40),
+    n=st.integers(1, 6),
+    desc_act=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_data_aware_results_are_well_formed(spec, k, n, desc_act, seed):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    w[rng.random((k, n)) < 0.2] = 0.0
+    x = rng.standard_normal((16, k)).astype(np.float32)
+    x[:, rng.random(k) < 0.2] = 0.0  # channels never active
+    groups = spec.groups(k)
+    g = spec.group_len(k)
+    for q in (
+        quantize_gptq(w, x, spec, desc_act=desc_act, block=7),
+        quantize_awq(w, x, spec)[0],
+        quantize_mse(w, spec),
+    ):
+        assert q.codes.shape == (k, n) and q.codes.dtype == spec.code_dtype
+        assert q.codes.min() >= spec.qmin and q.codes.max() <= spec.qmax
+        assert q.scales.shape == (groups, n)
+        s = q.scales.astype(np.float32)
+        assert np.all(np.isfinite(s)) and np.all(s != 0)
+        assert (q.zero_points is None) == spec.symmetric
+        assert np.all(np.isfinite(q.dequantize()))
+    q = quantize_gptq(w, x, spec, desc_act=desc_act, block=7)
+    if desc_act:
+        assert sorted(q.perm.tolist()) == list(range(k))
+    # every element is reconstructed within one step of its group's grid, or clipped at its edge
+    se = np.abs(np.repeat(q.scales.astype(np.float32), g, axis=0)[:k])
+    assert np.all(np.abs(q.dequantize() - w) <= 2**spec.bits * se + 1e-6)
+    _, s = quantize_awq(w, x, spec)
+    assert s.shape == (k,) and np.all(s > 0) and np.all(np.isfinite(s))
