@@ -15,7 +15,7 @@ How the quantization pass must use the returned ``s`` (K,):  the stored weight i
 ``x``: a LayerNorm/RMSNorm's gain (and bias) ``gamma / s``, ``beta / s``; a preceding linear's output
 columns (and bias); otherwise insert an elementwise multiply by ``1/s``.  Weights that share one
 input (Q, K and V after one LayerNorm) must share one ``s``: quantize them concatenated along N
-(``np.concatenate([Wq, Wk, Wv], axis=1)``), then split the codes/scales columns back.
+(``np.concatenate([Wq, Wk, Wv], axis=1)``), then split with ``QuantizedWeight.columns``.
 """
 
 from __future__ import annotations

@@ -125,6 +125,20 @@ class QuantizedWeight:
             zp = numerics.expand_qparam(zp, (k, n), 0, g)
         return numerics.dequantize(self.codes, scale, zp, "f32")
 
+    def columns(self, start: int, stop: int) -> QuantizedWeight:
+        """The output columns ``start:stop`` as their own QuantizedWeight (groups run along K, so a
+        column slice is exact): splits weights quantized together, e.g. Q, K and V sharing one AWQ
+        scale."""
+        zp = None if self.zero_points is None else self.zero_points[:, start:stop].copy()
+        return QuantizedWeight(
+            self.codes[:, start:stop].copy(),
+            self.scales[:, start:stop].copy(),
+            zp,
+            self.spec,
+            self.algorithm,
+            None if self.perm is None else self.perm.copy(),
+        )
+
     def bits_per_weight(self) -> float:
         """(codes + scales + zero points) bits / (K*N); zero points are stored at ``spec.bits`` each."""
         k, n = self.codes.shape

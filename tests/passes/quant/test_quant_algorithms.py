@@ -123,6 +123,17 @@ def test_awq_beats_rtn_and_its_scale_is_applied_to_x(spec):
     assert np.corrcoef(np.log(s), np.log(mags))[0, 1] > 0.99
 
 
+def test_awq_shared_input_weights_split_by_columns():
+    """Q, K, V after one LayerNorm share one s: quantize them side by side, split the columns."""
+    w, x = _problem(k=64, n=48, t=512)
+    spec = QuantSpec(4, 32, True, "f16")
+    q, s = quantize_awq(w, x, spec)
+    parts = [q.columns(0, 16), q.columns(16, 40), q.columns(40, 48)]
+    assert [p.codes.shape for p in parts] == [(64, 16), (64, 24), (64, 8)]
+    np.testing.assert_array_equal(np.concatenate([p.dequantize() for p in parts], axis=1), q.dequantize())
+    assert all(p.algorithm == "awq" and p.spec == spec for p in parts)
+
+
 def test_awq_with_alpha_zero_and_no_clip_is_rtn():
     w, x = _problem(k=64, n=16, t=256)
     spec = QuantSpec(4, 32, False, "f16")
