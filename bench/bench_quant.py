@@ -32,6 +32,7 @@ from mcpc.passes.quant import (
     QuantSpec,
     output_error,
     quantize_awq,
+    quantize_awq_gptq,
     quantize_gptq,
     quantize_mse,
     quantize_rtn,
@@ -217,6 +218,11 @@ def measure_quant(
             "gptq desc_act",
             QuantSpec(4, BLOCK, False, "f16"),
             lambda w, s, sp: quantize_gptq(w, s, sp, desc_act=True),
+        ),
+        (
+            "awq+gptq desc_act",
+            QuantSpec(4, BLOCK, False, "f16"),
+            lambda w, s, sp: quantize_awq_gptq(w, s, sp),
         ),
     ]
     rtn_err = {}

@@ -48,7 +48,7 @@ def test_measure_quant_rows_and_table():
     assert q["layers"] == 2 and q["weights"] == 64 * 96 + 96 * 48 and q["calibration_tokens"] == 64
     algos = [r["algorithm"] for r in q["rows"]]
     assert algos.count("ORT MatMulNBitsQuantizer") == 2
-    assert {"rtn", "mse", "awq", "gptq", "gptq desc_act"} <= set(algos)
+    assert {"rtn", "mse", "awq", "gptq", "gptq desc_act", "awq+gptq desc_act"} <= set(algos)
     assert q["eval_output"] == "y" and q["eval_samples"] == 16 * 4  # _inputs: batch * seq rows
     for r in q["rows"]:
         assert r["seconds"] >= 0 and r["runs"] >= 1 and 0.9 < r["cosine"] < 1.0

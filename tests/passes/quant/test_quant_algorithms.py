@@ -12,6 +12,7 @@ from mcpc.passes.quant import (
     QuantSpec,
     output_error,
     quantize_awq,
+    quantize_awq_gptq,
     quantize_gptq,
     quantize_mse,
     quantize_rtn,
@@ -121,6 +122,19 @@ def test_awq_beats_rtn_and_its_scale_is_applied_to_x(spec):
     # a larger scale on the channels with the larger inputs
     mags = np.abs(x).mean(axis=0)
     assert np.corrcoef(np.log(s), np.log(mags))[0, 1] > 0.99
+
+
+def test_awq_then_gptq_beats_each_alone():
+    w, x = _problem(k=128, n=64, t=2048)
+    stats = InputStats.of(x)
+    spec = QuantSpec(4, 32, False, "f16")
+    q, s = quantize_awq_gptq(w, stats, spec)
+    assert q.algorithm == "awq+gptq" and q.perm is not None
+    both = output_error(w, q.dequantize() / s[:, None], stats.hessian)
+    gptq = output_error(w, quantize_gptq(w, stats, spec, desc_act=True).dequantize(), stats.hessian)
+    qa, sa = quantize_awq(w, stats, spec)
+    awq = output_error(w, qa.dequantize() / sa[:, None], stats.hessian)
+    assert both < 0.95 * min(gptq, awq)
 
 
 def test_awq_shared_input_weights_split_by_columns():
