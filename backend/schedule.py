@@ -18,9 +18,12 @@ Contract for lowerings (the scheduler relies on it, ``check_hazards`` verifies i
   up to and including this one (a matmul accumulating over K tiles straight into its output slot
   spans several steps).
 * If a kernel has stores, its last step has stores (nothing may run after the result leaves).
-* No scalar registers: the rules below order memory, not registers, so a kernel may not write
-  one (``setr``, ``salu``) or read one (a register offset or run-time extent); ``Kernel``
-  refuses them (``check_hazards`` models registers for streams built otherwise).
+* Scalar registers: only a *register kernel* (``Kernel(sets_registers=True)``: computes only,
+  ``setr``/``salu``) writes them, and a kernel reads one only through a load/store ``dram_reg``
+  written by a register kernel scheduled before it and never written again in the stream (the
+  compile driver emits one such kernel first in each entry).  A register kernel counts as
+  touching all of SRAM, so the first load after it waits for its end (below); every later
+  instruction follows that load or the EX queue.  ``Kernel`` refuses anything else.
 
 Token rules inside a kernel (r = load rank, g = store rank of the step):
 
@@ -112,10 +115,16 @@ class Kernel:
     sram_bytes: int = 0
     sram_base: int = 0
     instr_debug: dict[int, dict] | None = None
+    sets_registers: bool = False
 
     def __post_init__(self) -> None:
         if self.in_slots < 1 or self.out_slots < 1:
             raise ValueError(f"kernel slots must be >= 1, got in={self.in_slots} out={self.out_slots}")
+        if self.sets_registers:
+            for i, step in enumerate(self.steps):
+                if step.loads or step.stores or any(x.op not in ("setr", "salu") for x in step.computes):
+                    raise ValueError(f"step {i}: a register kernel holds setr/salu computes only")
+            return
         for i, step in enumerate(self.steps):
             for what, instrs, engine in (("loads", step.loads, LD), ("computes", step.computes, EX),
                                          ("stores", step.stores, ST)):  # fmt: skip
@@ -123,7 +132,9 @@ class Kernel:
                     if instr.engine != engine:
                         name = ENGINES[engine]
                         raise ValueError(f"step {i}: {instr.op} is not a {name} instruction ({what})")
-                    regs = [n for n in _REGISTER_FIELDS if instr.fields.get(n)]
+                    regs = [n for n in _REGISTER_FIELDS if instr.fields.get(n) and n != "dram_reg"]
+                    if instr.fields.get("dram_reg") and instr.op not in ("load", "store"):
+                        regs.append("dram_reg")
                     if regs:
                         raise ValueError(
                             f"step {i}: {instr.op} uses scalar registers ({', '.join(regs)}), which the "
@@ -280,7 +291,7 @@ def _schedule_kernel(kernel: Kernel, out: list[Instr], dbg: list, ends: _Ends) -
     barrier = not (ends.prefetch and steps[0].loads and n_store)
     if not barrier:
         steps = [_free_loads_first(s, ends, j) for s in steps]
-    span = _sram_span(steps)
+    span = (0, 1 << 62) if kernel.sets_registers else _sram_span(steps)
     # Who releases each input slot: the step's computes, or its stores for a copy step.
     release = [ST if (s.stores and not s.computes) else EX for s in steps if s.loads]
     prev = ends.ends[-1].at if ends.ends else None

@@ -1,0 +1,220 @@
+"""A simulator session: one program, one machine, persistent buffers kept from run to run.
+
+    session = Session("decoder.mcpb")          # or a LoadedProgram, a Program, a CompileResult
+    out = session.run({"row": x}, entry="append", registers={"pos": 3})
+    session.last_profile["cycles"]
+    session.reset()                             # zero the persistent buffers
+
+A ``Session`` keeps one machine.  Before each functional run it restores what the previous run
+may have changed outside the persistent regions — the DRAM bytes its stores can write (static
+addresses from the decoded stores, plus the whole region of any register-offset store outside a
+persistent region), the inputs it wrote, SRAM below the entry's peak, the registers and the
+QParam group — to the documented initial state (constants, zeros), so every run starts as
+``run_program``'s would except that the persistent regions (``kind: persistent`` in MMAP) hold
+what the runs before left there.  Nothing else is copied per run: no fresh DRAM image, no copy
+of the constants.  Register-offset stores are confined to the region holding their base address
+(a trap otherwise, ``LoadedProgram.session_recs``).  A timing-only run computes no value and runs
+on a scratch machine: the persistent buffers are not changed by it.
+
+Host registers are set by the names the program declares (section HREG); values outside the
+declared range, unknown names and registers an entry reads but the run does not set are refused
+(InputError).  A Session runs one entry at a time (not from several threads).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mcpc.arch.mcpb import Program
+from mcpc.errors import InputError
+
+from . import fastpath
+from .api import run_program
+from .loader import LoadedProgram, from_program, load_program
+from .machine import Machine
+
+
+def _loaded(program: Any) -> LoadedProgram:
+    if isinstance(program, LoadedProgram):
+        return program
+    if isinstance(program, (str, os.PathLike)):
+        return load_program(Path(program))
+    if isinstance(program, Program):
+        return from_program(program)
+    inner = getattr(program, "program", None)  # mcpc.compile's CompileResult
+    if isinstance(inner, Program):
+        return from_program(inner, str(getattr(program, "output", None) or "<compiled program>"))
+    raise InputError(
+        "Session needs a .mcpb path, a loaded program, a Program or a compile result, "
+        f"not {type(program).__name__}"
+    )
+
+
+class Session:
+    """Runs the entries of one program on one machine whose persistent buffers live on."""
+
+    def __init__(self, program: Any):
+        self.program = _loaded(program)
+        p = self.program
+        self.host_registers: dict[str, dict] = {h["name"]: h for h in p.program.host_registers}
+        regions = p.memory_map.get("regions") or []
+        self.persistent = [
+            (r["dram"], r["dram"] + r["bytes"])
+            for r in regions
+            if r.get("kind") == "persistent" and r["bytes"]
+        ]
+        self._volatile = {e: self._store_ranges(e) for e in p.entries}
+        self._state = fastpath.State(p)  # its restore(): zeros and the constants
+        self._machine: Machine | None = None
+        self._dirty: list[tuple[int, int]] = []
+        self._sram_hi = 0
+        self.last_profile: dict | None = None
+
+    @property
+    def entries(self) -> list[str]:
+        return list(self.program.entries)
+
+    def _store_ranges(self, entry: str) -> list[tuple[int, int]]:
+        """DRAM bytes the entry's stores may write, outside the persistent regions."""
+        p = self.program
+        start, count = p.entries[entry]
+        regions = p.memory_map.get("regions") or []
+        out = []
+        for idx in range(start, start + count):
+            if p.mnemonics[idx] != "store":
+                continue
+            f = p.instr(idx).fields
+            lo = f["dram"]
+            hi = lo + ((f["rows"] - 1) * f["dram_stride"] + f["row_bytes"] if f["rows"] else 0)
+            if f["dram_reg"]:  # confined to the region holding its base (session_recs)
+                home = next((r for r in regions if r["dram"] <= lo < r["dram"] + r["bytes"]), None)
+                lo, hi = (home["dram"], home["dram"] + home["bytes"]) if home else (lo, lo)
+            out.append((lo, hi))
+        return self._minus_persistent(out)
+
+    def _minus_persistent(self, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        out = []
+        for lo, hi in ranges:
+            pieces = [(lo, hi)]
+            for a, b in self.persistent:
+                pieces = [q for x, y in pieces for q in ((x, min(y, a)), (max(x, b), y)) if q[1] > q[0]]
+            out += pieces
+        return out
+
+    def _entry(self, entry: str | None) -> str:
+        names = self.entries
+        if entry is None:
+            if len(names) == 1:
+                return names[0]
+            raise InputError(
+                f"{self.program.source}: the program has {len(names)} entry points ({', '.join(names)}): "
+                "name the one to run (entry=..., mcpc sim run --entry NAME)"
+            )
+        if entry not in names:
+            raise InputError(
+                f"{self.program.source}: no entry point {entry!r} (entries: {', '.join(names) or 'none'})"
+            )
+        return entry
+
+    def register_numbers(self, entry: str, registers: dict[str, Any] | None) -> dict[int, int]:
+        """Named host register values -> register numbers, checked against the declarations."""
+        src = self.program.source
+        out = {}
+        for name, value in (registers or {}).items():
+            h = self.host_registers.get(name)
+            if h is None:
+                have = ", ".join(self.host_registers) or "none"
+                raise InputError(f"{src}: unknown host register {name!r} (declared: {have})")
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise InputError(f"{src}: host register {name}: value {value!r} is not an integer")
+            if not h["min"] <= int(value) <= h["max"]:
+                raise InputError(
+                    f"{src}: host register {name}: value {int(value)} is outside its declared range "
+                    f"[{h['min']}, {h['max']}]"
+                )
+            out[h["reg"]] = int(value)
+        missing = [
+            h["name"] for h in self.host_registers.values() if entry in h["entries"] and h["reg"] not in out
+        ]
+        if missing:
+            raise InputError(
+                f"{src}: entry {entry!r} reads host register(s) {', '.join(missing)}, which are not set"
+            )
+        return out
+
+    def _prepare(self, entry: str) -> Machine:
+        """The session's machine in the initial state of a run of ``entry`` (inputs not written)."""
+        p, st = self.program, self._state
+        if self._machine is None:
+            m = self._machine = st.machine = Machine(p.dram_size, p.target.sram.size_bytes)
+            for dram, offset, length in st.places:
+                m.dram[dram : dram + length] = st.consts[offset : offset + length]
+        else:
+            m = self._machine
+            for lo, hi in fastpath._merge(self._dirty):
+                st.restore(lo, hi)
+            m.sram[: self._sram_hi] = 0
+            m.regs[:] = [0] * len(m.regs)
+            m.qparams = Machine(0, 0).qparams
+        start, count = p.entries[entry]
+        self._dirty = list(self._volatile[entry])
+        self._sram_hi = int(p.sram_hi[start : start + count].max()) if count else 0
+        return m
+
+    def run(
+        self,
+        inputs: dict[str, np.ndarray],
+        entry: str | None = None,
+        registers: dict[str, int] | None = None,
+        timing_only: bool = False,
+        trace: bool = False,
+        max_cycles: int | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Run ``entry`` (optional when the program has one) on ``inputs`` with the host registers
+        ``registers`` (by declared name); return the outputs (empty for a timing-only run).  The
+        profile is ``last_profile`` (and the trace events ``last_trace`` when ``trace``)."""
+        entry = self._entry(entry)
+        regs = self.register_numbers(entry, registers)
+        if timing_only:
+            result = run_program(self.program, inputs, entry, trace, True, regs, max_cycles)
+        else:
+            _, io = self.program.entries[entry], self.program.io.get(entry, {})
+            m = self._prepare(entry)
+            for b in io.get("inputs", []):  # restored before the next run, whatever happens
+                self._dirty += self._minus_persistent([(b["dram"], b["dram"] + b["bytes"])])
+            result = run_program(self.program, inputs, entry, trace, False, regs, max_cycles, machine=m)
+        self.last_profile = result.profile
+        self.last_trace = result.trace_events
+        return result.outputs
+
+    def reset(self) -> None:
+        """Zero the persistent buffers (as when the program was loaded)."""
+        if self._machine is not None:
+            for lo, hi in self.persistent:
+                self._machine.dram[lo:hi] = 0
+
+    def persistent_buffer(self, name: str) -> np.ndarray:
+        """A copy of persistent buffer ``name`` as its dtype and shape (zeros before any run)."""
+        from mcpc.arch.dtypes import NUMPY_DTYPES, unpack_nibbles
+
+        region = next(
+            (r for r in self.program.memory_map.get("regions") or []
+             if r.get("kind") == "persistent" and r.get("name") == name),
+            None,
+        )  # fmt: skip
+        if region is None:
+            raise InputError(f"{self.program.source}: no persistent buffer {name!r}")
+        raw = (
+            self._machine.dram[region["dram"] : region["dram"] + region["bytes"]].copy()
+            if self._machine is not None
+            else np.zeros(region["bytes"], np.uint8)
+        )
+        dtype, shape = region.get("dtype", "u8"), tuple(region.get("shape", [region["bytes"]]))
+        count = int(np.prod(shape, dtype=np.int64))
+        if dtype in ("i4", "u4"):
+            return unpack_nibbles(raw, dtype, count).reshape(shape)
+        return raw.view(NUMPY_DTYPES[dtype])[:count].reshape(shape)
