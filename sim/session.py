@@ -54,6 +54,34 @@ def _loaded(program: Any) -> LoadedProgram:
     )
 
 
+def named_registers(program: LoadedProgram, entry: str, registers: dict[str, Any] | None) -> dict[int, int]:
+    """Host register values by declared name -> register numbers.  InputError for an unknown
+    name, a value that is not an integer or lies outside the declared range, and a register that
+    ``entry`` reads but ``registers`` does not set."""
+    src = program.source
+    declared = {h["name"]: h for h in program.program.host_registers}
+    out = {}
+    for name, value in (registers or {}).items():
+        h = declared.get(name)
+        if h is None:
+            have = ", ".join(declared) or "none"
+            raise InputError(f"{src}: unknown host register {name!r} (declared: {have})")
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise InputError(f"{src}: host register {name}: value {value!r} is not an integer")
+        if not h["min"] <= int(value) <= h["max"]:
+            raise InputError(
+                f"{src}: host register {name}: value {int(value)} is outside its declared range "
+                f"[{h['min']}, {h['max']}]"
+            )
+        out[h["reg"]] = int(value)
+    missing = [h["name"] for h in declared.values() if entry in h["entries"] and h["reg"] not in out]
+    if missing:
+        raise InputError(
+            f"{src}: entry {entry!r} reads host register(s) {', '.join(missing)}, which are not set"
+        )
+    return out
+
+
 class Session:
     """Runs the entries of one program on one machine whose persistent buffers live on."""
 
@@ -67,7 +95,7 @@ class Session:
             for r in regions
             if r.get("kind") == "persistent" and r["bytes"]
         ]
-        self._volatile = {e: self._store_ranges(e) for e in p.entries}
+        self._volatile: dict[str, list[tuple[int, int]]] = {}  # per entry, on its first run
         self._state = fastpath.State(p)  # its restore(): zeros and the constants
         self._machine: Machine | None = None
         self._dirty: list[tuple[int, int]] = []
@@ -122,29 +150,7 @@ class Session:
 
     def register_numbers(self, entry: str, registers: dict[str, Any] | None) -> dict[int, int]:
         """Named host register values -> register numbers, checked against the declarations."""
-        src = self.program.source
-        out = {}
-        for name, value in (registers or {}).items():
-            h = self.host_registers.get(name)
-            if h is None:
-                have = ", ".join(self.host_registers) or "none"
-                raise InputError(f"{src}: unknown host register {name!r} (declared: {have})")
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise InputError(f"{src}: host register {name}: value {value!r} is not an integer")
-            if not h["min"] <= int(value) <= h["max"]:
-                raise InputError(
-                    f"{src}: host register {name}: value {int(value)} is outside its declared range "
-                    f"[{h['min']}, {h['max']}]"
-                )
-            out[h["reg"]] = int(value)
-        missing = [
-            h["name"] for h in self.host_registers.values() if entry in h["entries"] and h["reg"] not in out
-        ]
-        if missing:
-            raise InputError(
-                f"{src}: entry {entry!r} reads host register(s) {', '.join(missing)}, which are not set"
-            )
-        return out
+        return named_registers(self.program, entry, registers)
 
     def _prepare(self, entry: str) -> Machine:
         """The session's machine in the initial state of a run of ``entry`` (inputs not written)."""
@@ -161,6 +167,8 @@ class Session:
             m.regs[:] = [0] * len(m.regs)
             m.qparams = Machine(0, 0).qparams
         start, count = p.entries[entry]
+        if entry not in self._volatile:
+            self._volatile[entry] = self._store_ranges(entry)
         self._dirty = list(self._volatile[entry])
         self._sram_hi = int(p.sram_hi[start : start + count].max()) if count else 0
         return m
