@@ -153,7 +153,7 @@ def compile_to_program(
         prologue = register_kernel(module, fn, ctx)
         kernels = [prologue] if prologue is not None else []
         kernels += _lower_function(fn, ctx, prefetch, fusion[fn.name])
-        instrs, dbg = schedule_with_debug(kernels, prefetch)
+        instrs, dbg = schedule_with_debug(kernels, prefetch, persistent_ranges(plan.regions))
         instrs.append(Instr("halt", {}))
         dbg.append(None)
         entries.append({"name": fn.name, "start": len(text), "count": len(instrs)})
@@ -187,6 +187,12 @@ def compile_to_program(
         target, encode_program(text), constants=plan.cnst, entries=entries, io=io,
         memory_map=memory_map, debug=debug, meta=meta, host_registers=host_register_records(module),
     )  # fmt: skip
+
+
+def persistent_ranges(regions: list[dict]) -> list[tuple[int, int]]:
+    """DRAM ``[lo, hi)`` of every persistent region: register-offset accesses based in one stay in
+    it (the IR verifier proves their offsets, ``ir/state.py``), so hazards are tracked per region."""
+    return [(r["dram"], r["dram"] + r["bytes"]) for r in regions if r.get("kind") == "persistent"]
 
 
 def fusion_plan(fn: Any, target: Any, slots: tuple[int, int]) -> FusionPlan:

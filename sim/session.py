@@ -5,7 +5,9 @@
     session.last_profile["cycles"]
     session.reset()                             # zero the persistent buffers
 
-A ``Session`` keeps one machine.  Before each functional run it restores what the previous run
+A program without persistent regions or host registers runs as ``run_program`` runs it (the
+program's machine, reused by ``fastpath``).  Otherwise a ``Session`` keeps one machine of its
+own.  Before each functional run it restores what the previous run
 may have changed outside the persistent regions — the DRAM bytes its stores can write (static
 addresses from the decoded stores, plus the whole region of any register-offset store outside a
 persistent region), the inputs it wrote, SRAM below the entry's peak, the registers and the
@@ -187,8 +189,9 @@ class Session:
         profile is ``last_profile`` (and the trace events ``last_trace`` when ``trace``)."""
         entry = self._entry(entry)
         regs = self.register_numbers(entry, registers)
-        if timing_only:
-            result = run_program(self.program, inputs, entry, trace, True, regs, max_cycles)
+        if timing_only or not (self.persistent or regs):
+            # nothing to keep (or no value computed): the program's own machine and its fast path
+            result = run_program(self.program, inputs, entry, trace, timing_only, regs, max_cycles)
         else:
             _, io = self.program.entries[entry], self.program.io.get(entry, {})
             m = self._prepare(entry)

@@ -13,6 +13,7 @@ import pytest
 import mcpc
 from mcpc.arch.isa import N_REGS
 from mcpc.arch.mcpb import read_mcpb, write_mcpb
+from mcpc.backend.compile import persistent_ranges
 from mcpc.backend.hazards import check_hazards
 from mcpc.errors import InputError, SimTrap
 from mcpc.ir import parse_module
@@ -111,7 +112,7 @@ def test_every_entry_passes_the_hazard_check_with_host_registers_unknown(ring):
     for e in program.entries:
         entry = instrs[e["start"] : e["start"] + e["count"] - 1]  # without the halt
         assert any(i.fields.get("dram_reg") for i in entry)  # register-offset DMA is emitted
-        check_hazards(entry, regs=regs)
+        check_hazards(entry, regs=regs, regions=persistent_ranges(program.memory_map["regions"]))
 
 
 def test_a_register_offset_store_cannot_leave_its_region(ring):
