@@ -123,7 +123,7 @@ def run_program(
     runs, restored by itself, for the persistent buffers); None: the program's own, restored.
 
     An entry that reads host registers (section HREG) refuses to run unless ``registers`` sets
-    every one of them (``Session.run`` sets them by name).
+    every one of them, within its declared range (``Session.run`` sets them by name).
 
     Raises InputError for an unknown entry, a missing or mis-shaped input (named), and SimTrap
     (naming the instruction address, mnemonic and ONNX node) when the program traps or deadlocks.
@@ -144,6 +144,13 @@ def run_program(
             f"{src}: entry {entry!r} reads host register(s) {', '.join(unset)}, which are not set "
             "(mcpc sim run --set-reg NAME=VALUE, Session.run(registers={NAME: VALUE}))"
         )
+    for h in program.program.host_registers:  # the compiler proved its offsets for these ranges only
+        value = (registers or {}).get(h["reg"])
+        if value is not None and not h["min"] <= value <= h["max"]:
+            raise InputError(
+                f"{src}: host register {h['name']} (r{h['reg']}) = {value} is outside its declared "
+                f"range [{h['min']}, {h['max']}]"
+            )
     in_bindings = io.get("inputs", [])
     missing = [b["name"] for b in in_bindings if b["name"] not in inputs]
     if missing:

@@ -174,3 +174,17 @@ def test_two_entries_over_shared_weights_cost_one_copy():
     x = np.random.default_rng(1).integers(-3, 4, (4, k)).astype(np.float32)
     np.testing.assert_array_equal(session.run({"x": x}, "prefill")["y"], x @ w)
     np.testing.assert_array_equal(session.run({"x": x[:1]}, "decode")["y"], np.maximum(x[:1] @ w, 0))
+
+
+def test_run_program_checks_host_registers_by_number_too(ring):
+    from mcpc.sim.api import from_program, run_program
+
+    _, _, result = ring
+    loaded = from_program(result.program)
+    row = {"row": np.ones((1, 4), np.float32)}
+    with pytest.raises(InputError, match=r"reads host register\(s\) pos \(r1\), which are not set"):
+        run_program(loaded, row, "append")
+    with pytest.raises(InputError, match=r"pos \(r1\) = 9 is outside its declared range \[0, 7\]"):
+        run_program(loaded, row, "append", registers={1: 9})
+    out = run_program(loaded, row, "append", registers={1: 6}).outputs  # one run: a zeroed buffer
+    np.testing.assert_array_equal(out["total"], row["row"])
