@@ -63,3 +63,16 @@ def test_sim_run_refuses_bad_entries_and_registers(ring, extra, code, message):
     result = run(["sim", "run", ring / "ring.mcpb", "--inputs", ring / "row.npz", *extra])
     assert result.exit_code == code, result.output
     assert message in " ".join(result.output.split())
+
+
+def test_mcp_compile_takes_ir_text(tmp_path):
+    out = tmp_path / "ring.mcpb"
+    result = run(["compile", RING, "-c", "fp32", "-o", out])
+    assert result.exit_code == 0, result.output
+    result = run(["inspect", out])
+    assert "host registers" in result.output
+    bad = tmp_path / "bad.mcpir"
+    bad.write_text(RING.read_text().replace("{max = 7, min = 0}", "{max = 8, min = 0}"))
+    result = run(["compile", bad, "-c", "fp32", "-o", tmp_path / "bad.mcpb"])
+    assert result.exit_code == 3, result.output
+    assert "can reach outside global @buf" in " ".join(result.output.split())
