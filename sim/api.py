@@ -103,6 +103,7 @@ def run_program(
     registers: dict[int, int] | None = None,
     max_cycles: int | None = None,
     machine: Machine | None = None,
+    recs: list | None = None,
 ) -> SimResult:
     """Run entry point ``entry`` on ``inputs`` (name -> array) and collect outputs and the profile.
 
@@ -120,7 +121,8 @@ def run_program(
     registers start at zero).
 
     ``machine``: run a functional run on this machine as it is (``Session`` keeps one across
-    runs, restored by itself, for the persistent buffers); None: the program's own, restored.
+    runs, restored by itself, for the persistent buffers), with ``recs`` (default: the program's
+    ``session_recs``); None: the program's own machine, restored.
 
     An entry that reads host registers (section HREG) refuses to run unless ``registers`` sets
     every one of them, within its declared range (``Session.run`` sets them by name).
@@ -166,7 +168,7 @@ def run_program(
     if timing_only:
         m, recs = Machine(program.dram_size, t.sram.size_bytes), program.timing_recs()
     elif machine is not None:
-        m, recs = machine, program.session_recs()
+        m, recs = machine, recs or program.session_recs()
         for addr, raw in writes:
             m.dram[addr : addr + raw.size] = raw
     else:

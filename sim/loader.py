@@ -69,6 +69,7 @@ class LoadedProgram:
     extents: list[tuple[int, list]] = field(default_factory=list)
     _timing_recs: list[tuple] | None = field(default=None, repr=False)
     _session_recs: list[tuple] | None = field(default=None, repr=False)
+    _register_stores: list[tuple] | None = field(default=None, repr=False)
     _fast: object = field(default=None, repr=False)  # sim/fastpath.State, made on the first run
 
     def timing_recs(self) -> list[tuple]:
@@ -82,23 +83,33 @@ class LoadedProgram:
         its base address: one that would write outside it faults (a ``Session`` keeps DRAM from
         run to run, so a stray store must not reach the constants or another buffer)."""
         if self._session_recs is None:
+            self._session_recs = self.confine_stores(self.recs)
+        return self._session_recs
+
+    def confine_stores(self, recs: list[tuple]) -> list[tuple]:
+        """``recs`` (records of this program) with every register-offset store confined to its
+        region (``session_recs``)."""
+        if self._register_stores is None:
             regions = [
                 (r["dram"], r["dram"] + r["bytes"], str(r.get("name")))
                 for r in self.memory_map.get("regions") or []
                 if r["bytes"] > 0
             ]
-            recs = list(self.recs)
+            self._register_stores = []
             for idx, name in enumerate(self.mnemonics):
-                if name == "store" and recs[idx][3] is not None:
+                if name == "store":
                     f = self.instr(idx).fields
                     if f["dram_reg"]:
                         span = (f["rows"] - 1) * f["dram_stride"] + f["row_bytes"] if f["rows"] else 0
                         home = next((r for r in regions if r[0] <= f["dram"] < r[1]), None)
                         lo, hi, what = home or (0, 0, "<none>")
-                        guard = (recs[idx][3], recs[idx][4], f["dram"], span, f["dram_reg"], lo, hi, what)
-                        recs[idx] = recs[idx][:3] + (_confined_store, guard) + recs[idx][5:]
-            self._session_recs = recs
-        return self._session_recs
+                        self._register_stores.append((idx, (f["dram"], span, f["dram_reg"], lo, hi, what)))
+        recs = list(recs)
+        for idx, where in self._register_stores:
+            recs[idx] = (
+                recs[idx][:3] + (_confined_store, (recs[idx][3], recs[idx][4], *where)) + recs[idx][5:]
+            )
+        return recs
 
     @property
     def meta(self) -> dict:

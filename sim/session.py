@@ -14,7 +14,8 @@ persistent region), the inputs it wrote, SRAM below the entry's peak, the regist
 QParam group — to the documented initial state (constants, zeros), so every run starts as
 ``run_program``'s would except that the persistent regions (``kind: persistent`` in MMAP) hold
 what the runs before left there.  Nothing else is copied per run: no fresh DRAM image, no copy
-of the constants.  Register-offset stores are confined to the region holding their base address
+of the constants; from an entry's second run its records are ``fastpath``'s plan (constant
+matmul operands prepared once).  Register-offset stores are confined to the region holding their base address
 (a trap otherwise, ``LoadedProgram.session_recs``).  A timing-only run computes no value and runs
 on a scratch machine: the persistent buffers are not changed by it.
 
@@ -103,6 +104,7 @@ class Session:
         self._dirty: list[tuple[int, int]] = []
         self._sram_hi = 0
         self.last_profile: dict | None = None
+        self._confined: dict[str, tuple[list, list]] = {}  # entry -> (plan records, confined copy)
 
     @property
     def entries(self) -> list[str]:
@@ -193,14 +195,31 @@ class Session:
             # nothing to keep (or no value computed): the program's own machine and its fast path
             result = run_program(self.program, inputs, entry, trace, timing_only, regs, max_cycles)
         else:
-            _, io = self.program.entries[entry], self.program.io.get(entry, {})
+            io = self.program.io.get(entry, {})
             m = self._prepare(entry)
-            for b in io.get("inputs", []):  # restored before the next run, whatever happens
-                self._dirty += self._minus_persistent([(b["dram"], b["dram"] + b["bytes"])])
-            result = run_program(self.program, inputs, entry, trace, False, regs, max_cycles, machine=m)
+            spans = [(b["dram"], b["dram"] + b["bytes"]) for b in io.get("inputs", [])]
+            self._dirty += self._minus_persistent(spans)  # restored before the next run, whatever happens
+            recs = self._records(entry, spans)
+            result = run_program(self.program, inputs, entry, trace, False, regs, max_cycles, m, recs)
         self.last_profile = result.profile
         self.last_trace = result.trace_events
         return result.outputs
+
+    def _records(self, entry: str, input_spans: list[tuple[int, int]]) -> list[tuple]:
+        """The functional records of ``entry``: ``fastpath``'s plan when it has one (constant
+        matmul operands prepared once, loads only they read skipped), else the program's, with
+        register-offset stores confined either way."""
+        p = self.program
+        start, count = p.entries[entry]
+        stop = next((i + 1 for i in range(start, start + count) if p.mnemonics[i] == "halt"), start + count)
+        plan = fastpath.plan(p, entry, range(start, stop), input_spans)
+        if plan is None:
+            return p.session_recs()
+        base = plan.recs
+        cached = self._confined.get(entry)
+        if cached is None or cached[0] is not base:
+            cached = self._confined[entry] = (base, p.confine_stores(base))
+        return cached[1]
 
     def reset(self) -> None:
         """Zero the persistent buffers (as when the program was loaded)."""

@@ -10,7 +10,7 @@ from mcpc.backend.hazards import ScheduleError, check_hazards
 from mcpc.errors import UnsupportedError
 from mcpc.ir import parse_module
 from mcpc.ir.printer import format_tensor
-from mcpc.sim import Session
+from mcpc.sim import Session, fastpath
 
 W = np.random.default_rng(0).integers(-3, 4, (64, 64)).astype(np.float32)
 STEP = f"""module @kv {{
@@ -71,6 +71,8 @@ def test_the_program_computes_what_numpy_does(step):
         cache[pos] = x
         np.testing.assert_array_equal(out["y"], x @ W)
         np.testing.assert_array_equal(out["cached"], cache)
+    # from the second run on, the session runs fastpath's plan (weights prepared once)
+    assert fastpath.state(session.program).plans["step"] is not None
 
 
 def test_too_many_scalar_registers_are_refused():
