@@ -95,7 +95,20 @@ def register_kernel(module: Any, fn: Any, ctx: LoweringContext) -> Kernel | None
         emit(user, "setr", reg=r, value=int(np.asarray(value).reshape(())))
         return r
 
+    uses = fn.uses()
     for op in fn.ops:
+        if isinstance(op, (ops.HostRegOp, ops.ScalarOp)):
+            for user in uses.get(op.result, []):
+                offset = (
+                    isinstance(user, (ops.GlobalLoadOp, ops.GlobalStoreOp)) and user.operands[-1] is op.result
+                )
+                if not (isinstance(user, ops.ScalarOp) or offset):
+                    raise UnsupportedError(
+                        f"backend: {user.describe()} in func @{fn.name} uses the scalar of "
+                        f"{op.describe()}: host registers and mcp.scalar results live in scalar "
+                        "registers, which only mcp.scalar and the offsets of mcp.global_load / "
+                        "mcp.global_store read in this version"
+                    )
         if isinstance(op, ops.HostRegOp):
             reg_of[op.result] = numbers[op.attrs["name"]]
         elif isinstance(op, ops.ScalarOp):

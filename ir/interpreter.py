@@ -134,6 +134,10 @@ def interpret(
         raise InputError(f"module @{module.name} has no function @{func} (functions: {have})")
     fn = module.functions[func]
     fn.verify()
+    if module.globals or module.host_regs:
+        from mcpc.ir.state import verify_state
+
+        verify_state(module)
     where = f"func @{fn.name}"
     missing = [n for n in fn.arg_names if n not in inputs]
     extra = sorted(n for n in inputs if n not in fn.arg_names)

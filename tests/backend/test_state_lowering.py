@@ -93,3 +93,17 @@ def test_too_many_scalar_registers_are_refused():
 """
     with pytest.raises(UnsupportedError, match="more than 15 scalar registers"):
         mcpc.compile(parse_module(text), qat_config="fp32")
+
+
+def test_a_host_register_used_as_data_is_refused_not_read_as_zeros():
+    text = """module @m {
+  host_reg @p {max = 3, min = 0}
+  func @main() -> ("y": tensor<i32>) {
+    %0 = mcp.host_reg {name = "p"} : () -> tensor<i32>
+    %1 = mcp.add %0, %0 : (tensor<i32>, tensor<i32>) -> tensor<i32>
+    mcp.return %1 : (tensor<i32>) -> ()
+  }
+}
+"""
+    with pytest.raises(UnsupportedError, match="only mcp.scalar and the offsets"):
+        mcpc.compile(parse_module(text), qat_config="fp32")
