@@ -169,7 +169,7 @@ def test_two_entries_over_shared_weights_cost_one_copy():
     # the second entry adds its instructions and JSON, never a second copy of the weights
     assert size_two <= weights * 1.02 + (size_one - weights), (size_one, size_two, ratio)
     assert ratio < 1.02, ratio
-    print(f"two-entry .mcpb {size_two} bytes, weights {weights} bytes: {ratio:.4f}x")
+    print(f"one entry {size_one} bytes, two entries {size_two} bytes, weights {weights}: {ratio:.4f}x")
     session = Session(progs["two"])
     x = np.random.default_rng(1).integers(-3, 4, (4, k)).astype(np.float32)
     np.testing.assert_array_equal(session.run({"x": x}, "prefill")["y"], x @ w)
