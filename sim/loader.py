@@ -310,6 +310,35 @@ def _check_binding(src: str, where: str, b, dram_size: int) -> str:
     return b["name"]
 
 
+def _check_persistent(src: str, regions: list, places: list[tuple[int, int, int]]) -> None:
+    """Persistent regions (kept from run to run in a Session, zeroed by reset) have a unique
+    name, a ``dtype``/``shape`` matching their bytes when given, and overlap no constant region
+    and no other persistent region (a reset would zero what they share)."""
+    seen: list[tuple[int, int, str]] = []
+    names: set[str] = set()
+    for region in regions:
+        if region.get("kind") != "persistent":
+            continue
+        name, lo, hi = region.get("name"), region["dram"], region["dram"] + region["bytes"]
+        if not isinstance(name, str) or not name or name in names:
+            raise InputError(f"{src}: persistent region {region!r} needs a unique name")
+        names.add(name)
+        dtype, shape = region.get("dtype"), region.get("shape")
+        if dtype is not None or shape is not None:
+            ok = isinstance(dtype, str) and dtype in NUMPY_DTYPES and isinstance(shape, list)
+            ok = ok and all(_is_int(d) and d >= 0 for d in shape)
+            if not ok or nbytes(dtype, int(np.prod(shape, dtype=np.int64))) != region["bytes"]:
+                raise InputError(
+                    f"{src}: persistent region {name!r}: dtype {dtype!r} and shape {shape!r} do not "
+                    f"describe its {region['bytes']} bytes"
+                )
+        others = [(d, d + n, "a constant region") for d, _, n in places] + seen
+        for a, b, what in others:
+            if a < hi and lo < b and hi > lo:
+                raise InputError(f"{src}: persistent region {name!r} [{lo}, {hi}) overlaps {what}")
+        seen.append((lo, hi, f"persistent region {name!r}"))
+
+
 def _check_memory_map(p: LoadedProgram) -> list[tuple[int, int, int]]:
     """Validate the memory map against the target and CNST; returns where each constant slice goes.
 
@@ -350,32 +379,3 @@ def _check_memory_map(p: LoadedProgram) -> list[tuple[int, int, int]]:
             f"{len(p.program.constants)}-byte CNST section"
         )
     return places
-
-
-def _check_persistent(src: str, regions: list, places: list[tuple[int, int, int]]) -> None:
-    """Persistent regions (kept from run to run in a Session, zeroed by reset) have a unique
-    name, a ``dtype``/``shape`` matching their bytes when given, and overlap no constant region
-    and no other persistent region (a reset would zero what they share)."""
-    seen: list[tuple[int, int, str]] = []
-    names: set[str] = set()
-    for region in regions:
-        if region.get("kind") != "persistent":
-            continue
-        name, lo, hi = region.get("name"), region["dram"], region["dram"] + region["bytes"]
-        if not isinstance(name, str) or not name or name in names:
-            raise InputError(f"{src}: persistent region {region!r} needs a unique name")
-        names.add(name)
-        dtype, shape = region.get("dtype"), region.get("shape")
-        if dtype is not None or shape is not None:
-            ok = isinstance(dtype, str) and dtype in NUMPY_DTYPES and isinstance(shape, list)
-            ok = ok and all(_is_int(d) and d >= 0 for d in shape)
-            if not ok or nbytes(dtype, int(np.prod(shape, dtype=np.int64))) != region["bytes"]:
-                raise InputError(
-                    f"{src}: persistent region {name!r}: dtype {dtype!r} and shape {shape!r} do not "
-                    f"describe its {region['bytes']} bytes"
-                )
-        others = [(d, d + n, "a constant region") for d, _, n in places] + seen
-        for a, b, what in others:
-            if a < hi and lo < b and hi > lo:
-                raise InputError(f"{src}: persistent region {name!r} [{lo}, {hi}) overlaps {what}")
-        seen.append((lo, hi, f"persistent region {name!r}"))
