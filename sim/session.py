@@ -200,7 +200,9 @@ class Session:
             spans = [(b["dram"], b["dram"] + b["bytes"]) for b in io.get("inputs", [])]
             self._dirty += self._minus_persistent(spans)  # restored before the next run, whatever happens
             recs = self._records(entry, spans)
-            result = run_program(self.program, inputs, entry, trace, False, regs, max_cycles, m, recs)
+            result = run_program(
+                self.program, inputs, entry, trace, False, regs, max_cycles, machine=m, recs=recs
+            )
         self.last_profile = result.profile
         self.last_trace = result.trace_events
         return result.outputs
