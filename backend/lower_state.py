@@ -5,7 +5,8 @@ section names them, so the host sets them by name).  In each function, every oth
 state ops need gets a register of its own, written once by the function's *register kernel* —
 the first kernel of the entry (``Kernel(sets_registers=True)``, see ``schedule``): ``salu`` for
 ``mcp.scalar`` (the instruction's exact semantics), ``setr`` for a constant offset, and one
-``salu mul`` per global access turning its row offset into a byte offset.  No register is
+``salu mul`` per distinct (offset, row size) of the global accesses turning the row offset into
+a byte offset (the K and V stores of every layer at one position share one).  No register is
 written twice in an entry, so a DMA reading one needs only to follow the register kernel.
 Registers are not reused: an entry needing more than r15 is refused (UnsupportedError).
 
@@ -68,6 +69,7 @@ def register_kernel(module: Any, fn: Any, ctx: LoweringContext) -> Kernel | None
     computes: list = []
     debug: dict[int, dict] = {}
     reg_of: dict[Any, int] = {}
+    byte_offset: dict[tuple[int, int], int] = {}  # (offset register, row bytes) -> its register
 
     def take(op: Any) -> int:
         r = next(free, None)
@@ -124,8 +126,11 @@ def register_kernel(module: Any, fn: Any, ctx: LoweringContext) -> Kernel | None
                     f"backend: {op.describe()}: global @{g.name} of {g.type.nbytes} bytes: register "
                     "offsets are s32, so a global must stay below 2 GiB"
                 )
-            r = take(op)
-            emit(op, "salu", func="mul", rd=r, rs1=register(op.operands[-1], op), rs2=0, simm=row_bytes)
+            rs1 = register(op.operands[-1], op)
+            r = byte_offset.get((rs1, row_bytes))
+            if r is None:  # accesses at one offset with one row size share it (every layer's KV)
+                r = byte_offset[(rs1, row_bytes)] = take(op)
+                emit(op, "salu", func="mul", rd=r, rs1=rs1, rs2=0, simm=row_bytes)
             ctx.registers[op] = r
     if not computes:
         return None

@@ -107,3 +107,30 @@ def test_a_host_register_used_as_data_is_refused_not_read_as_zeros():
 """
     with pytest.raises(UnsupportedError, match="only mcp.scalar and the offsets"):
         mcpc.compile(parse_module(text), qat_config="fp32")
+
+
+def test_accesses_at_one_offset_share_their_byte_offset_register():
+    """Thirty layers' K and V rows written at one position take one register, not sixty."""
+    stores = "\n".join(
+        f'    mcp.global_store %x, %0 {{global = "{kv}{i}"}} : (tensor<1x8xf16>, tensor<i32>) -> ()'
+        for i in range(30)
+        for kv in "kv"
+    )
+    globals_ = "\n".join(f"  global @{kv}{i} : tensor<64x8xf16>" for i in range(30) for kv in "kv")
+    text = f"""module @m {{
+{globals_}
+  host_reg @pos {{max = 63, min = 0}}
+  func @decode(%x: tensor<1x8xf16>) -> () {{
+    %0 = mcp.host_reg {{name = "pos"}} : () -> tensor<i32>
+{stores}
+    mcp.return : () -> ()
+  }}
+}}
+"""
+    program = mcpc.compile(parse_module(text), qat_config="fp32").program
+    head = [i for i in program.instructions() if i.op in ("setr", "salu")]
+    assert len(head) == 1
+    session = Session(program)
+    x = np.arange(8, dtype=np.float16)[None]
+    session.run({"x": x}, registers={"pos": 63})
+    np.testing.assert_array_equal(session.persistent_buffer("v29")[63], x[0])
