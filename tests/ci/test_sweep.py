@@ -1,0 +1,204 @@
+"""``mcpc sweep``: the grid, a config that cannot build as a row with its reason, resuming (after a
+cut-short line and after a real kill), the process pool giving the rows of one process, and Ray
+(the optional extra ``ray``) giving the rows of the process pool."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import require_extra
+
+from mcpc.cli import cli
+from mcpc.measure import WALL_TIME_METRICS
+from mcpc.sweep import read_rows, resolve_configs
+
+BIN = Path(sys.executable).parent
+# a config the schema accepts but that cannot be built today (quantized weights): a reason row
+INT4 = """\
+schema: 1
+name: int4-wish
+precision: {weights: i4, activations: f16, accumulate: f32}
+pipeline: fp16
+check: {max_norm_err: 5.0e-2, min_cosine: 0.999}
+"""
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _comparable(rows: list[dict]) -> dict[str, dict]:
+    """Rows by name without the wall times (the only figures that differ from run to run)."""
+    out = {}
+    for r in rows:
+        r = json.loads(json.dumps(r))
+        for k in WALL_TIME_METRICS:
+            (r.get("metrics") or {}).pop(k, None)
+        out[r["name"]] = r
+    return out
+
+
+def _sweep(*args: str):
+    return CliRunner().invoke(cli, ["sweep", *args], catch_exceptions=False)
+
+
+def test_resolve_configs_names_paths_and_globs(tmp_path):
+    assert resolve_configs(None) == ["fp16", "fp32"]
+    assert resolve_configs("fp3*") == ["fp32"]
+    (tmp_path / "a.yaml").write_text(INT4)
+    assert resolve_configs(f"{tmp_path}/*.yaml,fp16") == [str(tmp_path / "a.yaml"), "fp16"]
+    result = CliRunner().invoke(cli, ["sweep", "x.onnx", "--configs", "fp17"])
+    assert result.exit_code == 3  # the model is checked first
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"")
+    result = CliRunner().invoke(cli, ["sweep", str(model), "--configs", "fp17"])
+    assert result.exit_code == 2 and "fp17" in result.output and "fp16.yaml" in result.output
+    result = CliRunner().invoke(cli, ["sweep", str(model), "--targets", "mcp2026-a1000"])
+    assert result.exit_code == 2 and "mcp2026-a1000" in result.output
+
+
+@pytest.fixture(scope="module")
+def one_process_sweep(examples_dir, tmp_path_factory):
+    """mlp over fp16, fp32 and an unbuildable config x two targets, in this process."""
+    d = tmp_path_factory.mktemp("sweep")
+    (d / "int4.yaml").write_text(INT4)
+    out = d / "s.jsonl"
+    args = [str(examples_dir / "mlp.onnx"), "--configs", f"fp16,fp32,{d / 'int4.yaml'}",
+            "--targets", "mcp2026-a100,mcp2026-edge", "-o", str(out)]  # fmt: skip
+    result = _sweep(*args)
+    return d, args, out, result
+
+
+def test_sweep_rows_and_reason_rows(one_process_sweep):
+    _, _, out, result = one_process_sweep
+    assert result.exit_code == 0, result.output
+    rows = {r["name"]: r for r in _rows(out)}
+    assert sorted(rows) == sorted(
+        f"{c}@{t}" for c in ("fp16", "fp32", "int4") for t in ("mcp2026-a100", "mcp2026-edge")
+    )
+    for t in ("mcp2026-a100", "mcp2026-edge"):
+        f16, f32, i4 = rows[f"fp16@{t}"], rows[f"fp32@{t}"], rows[f"int4@{t}"]
+        assert f16["status"] == f32["status"] == "ok" and f16["kind"] == "mcpc-sweep"
+        assert f16["config"] == "fp16" and f16["target"] == t
+        # fp16 weights are half the bytes; fp32 is the more accurate build
+        assert f16["metrics"]["weight_bytes"] * 2 == f32["metrics"]["weight_bytes"]
+        assert f32["metrics"]["max_norm_err"] < f16["metrics"]["max_norm_err"] < 0.05
+        assert i4["status"] == "error" and i4["exit_code"] == 3
+        assert "int4.yaml" in i4["reason"] and "precision" in i4["reason"]
+    # the edge target (a lower clock, LPDDR) takes longer than the data-center one
+    assert (
+        rows["fp16@mcp2026-edge"]["metrics"]["latency_us"]
+        > rows["fp16@mcp2026-a100"]["metrics"]["latency_us"]
+    )
+    assert "int4@mcp2026-edge" in result.output and "exit 3" in result.output
+
+
+def test_a_finished_sweep_is_not_redone_and_a_cut_line_is_dropped(one_process_sweep, tmp_path):
+    _, args, out, _ = one_process_sweep
+    lines = out.read_text().splitlines(keepends=True)
+    # interrupted while writing the fourth row: three rows and half a line
+    partial = tmp_path / "p.jsonl"
+    partial.write_text("".join(lines[:3]) + lines[3][: len(lines[3]) // 2])
+    assert len(read_rows(partial)) == 3 and partial.read_text() == "".join(lines[:3])
+    partial.write_text("".join(lines[:3]) + lines[3][: len(lines[3]) // 2])
+    args = [*args[:-1], str(partial)]
+    result = _sweep(*args)
+    assert result.exit_code == 0, result.output
+    assert "3 resumed" in result.output
+    resumed = _rows(partial)
+    assert len(resumed) == 6 and resumed[:3] == [json.loads(x) for x in lines[:3]]
+    assert _comparable(resumed).keys() == _comparable(_rows(out)).keys()
+    # a finished sweep: nothing is run again, the file is unchanged
+    before = partial.read_text()
+    again = _sweep(*args)
+    assert again.exit_code == 0 and "6 resumed" in again.output and partial.read_text() == before
+
+
+def test_a_corrupt_sweep_file_is_refused(tmp_path, examples_dir):
+    out = tmp_path / "s.jsonl"
+    out.write_text('{"key": "x", "status": "ok"}\nnot json\n{"key": "y", "status": "ok"}\n')
+    result = _sweep(
+        str(examples_dir / "mlp.onnx"), "--configs", "fp16", "--targets", "mcp2026-a100", "-o", str(out)
+    )
+    assert result.exit_code == 3 and "s.jsonl:2" in result.output
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_resumes(examples_dir, tmp_path):
+    """A real interruption: the sweep process is killed (SIGKILL) after its first row."""
+    out = tmp_path / "s.jsonl"
+    cmd = [str(BIN / "mcpc"), "sweep", str(examples_dir / "encoder_block.onnx"), "--configs", "fp16,fp32",
+           "--inputs", str(examples_dir / "encoder_block.npz"), "-o", str(out)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if out.exists() and out.read_text().count("\n") >= 1:
+                break
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(30)
+    before = _rows(out) if out.exists() else []
+    assert 1 <= len(before) < 6, "the sweep should have been killed halfway"
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"{len(before)} resumed" in done.stdout
+    after = _rows(out)
+    assert len(after) == 6 and after[: len(before)] == before
+    assert len({r["key"] for r in after}) == 6 and all(r["status"] == "ok" for r in after)
+
+
+@pytest.mark.slow
+def test_process_pool_gives_the_rows_of_one_process(one_process_sweep, tmp_path):
+    _, args, out, _ = one_process_sweep
+    pooled = tmp_path / "j2.jsonl"
+    result = _sweep(*args[:-1], str(pooled), "-j", "2")
+    assert result.exit_code == 0, result.output
+    assert _comparable(_rows(pooled)) == _comparable(_rows(out))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_ray_gives_the_rows_of_the_process_pool(one_process_sweep, tmp_path):
+    """A local Ray head on loopback with 2 CPUs, started here; the sweep connects to its address."""
+    require_extra("ray", "ray")
+    _, args, out, _ = one_process_sweep
+    port = _free_port()
+    head = subprocess.Popen(
+        [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
+         "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        on_ray = tmp_path / "ray.jsonl"
+        cmd = [str(BIN / "mcpc"), "sweep", *args[:-1], str(on_ray), "--ray-address", f"127.0.0.1:{port}"]
+        deadline = time.monotonic() + 180
+        while True:  # the head takes a while to come up; the sweep's error says when it is not there
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            if done.returncode == 0 or time.monotonic() > deadline or head.poll() is not None:
+                break
+            time.sleep(2)
+        assert done.returncode == 0, done.stderr
+        assert _comparable(_rows(on_ray)) == _comparable(_rows(out))
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(90)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait(30)
