@@ -179,6 +179,7 @@ def _row_table(rows: list[dict], first: str) -> str:
 def _render_sweep(source: str, rows: list[dict]) -> list[str]:
     from mcpc import report_plots as plots
 
+    rows = sorted(rows, key=lambda r: (r["target"], r["name"]))
     ok = [r for r in rows if r["status"] == "ok"]
     models = sorted({Path(r["model"]).name for r in rows})
     out = [
@@ -201,7 +202,7 @@ def _render_sweep(source: str, rows: list[dict]) -> list[str]:
                 "memory",
             )
         )
-    out.append(_row_table(sorted(rows, key=lambda r: (r["target"], r["name"])), "build"))
+    out.append(_row_table(rows, "build"))
     return out
 
 

@@ -8,6 +8,7 @@ that is not drawing: the builds no other build beats on both latency and error.
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Sequence
 
 ENGINE_LABELS = {"LD": "load", "EX": "execute", "ST": "store"}
@@ -49,7 +50,9 @@ def _svg(fig) -> str:
     with matplotlib.rc_context({"svg.hashsalt": f"mcpc-fig-{_count}", "svg.fonttype": "path"}):
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": "mcpc"})
     text = buf.getvalue()
-    return text[text.index("<svg") :]
+    text = text[text.index("<svg") :]
+    # the RDF metadata block is of no use inline (and names vocabularies by URL)
+    return re.sub(r"\s*<metadata>.*?</metadata>", "", text, count=1, flags=re.S)
 
 
 def node_breakdown(profile: dict, top: int = 30) -> str:
@@ -155,7 +158,7 @@ def memory_breakdown(entries: Sequence[tuple[str, dict]]) -> str:
     ax.set_xlabel("NPU DRAM (MiB)")
     ax.set_title("memory breakdown")
     ax.tick_params(axis="y", labelsize=7)
-    ax.legend(fontsize=8, loc="lower right")
+    fig.legend(fontsize=8, loc="outside right upper")
     return _svg(fig)
 
 
