@@ -84,8 +84,10 @@ def _run_ray(specs, jobs, address, deliver, outcome) -> None:
             options["num_cpus"] = jobs
         try:
             ray.init(**options)
-        except ConnectionError as err:
-            raise UsageError(f"--ray-address {address}: cannot connect to a Ray cluster ({err})") from None
+        except Exception as err:  # Ray raises ConnectionError or its own types for an absent cluster
+            raise UsageError(
+                f"--ray-address {address}: cannot connect to a Ray cluster ({type(err).__name__}: {err})"
+            ) from None
     try:
         task = ray.remote(num_cpus=1, max_retries=0)(measure_build)
         pending = {task.remote(spec): spec for spec in specs}

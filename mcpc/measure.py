@@ -20,6 +20,7 @@ would have given, so a grid of builds always completes.  What a row holds:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -58,14 +59,17 @@ class BuildSpec:
         h = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode())
         for ref in (self.model, self.inputs, self.calib, self.qat_config, self.target):
             if ref and Path(ref).is_file():
-                h.update(_file_digest(Path(ref)).encode())
+                stat = Path(ref).stat()
+                h.update(_file_digest(str(Path(ref).resolve()), stat.st_size, stat.st_mtime_ns).encode())
         return h.hexdigest()[:16]
 
 
-def _file_digest(path: Path) -> str:
-    stat = path.stat()
-    h = hashlib.sha256(f"{stat.st_size}".encode())
-    with open(path, "rb") as f:  # the whole file: a model edited in place keeps its size
+@functools.lru_cache(maxsize=64)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    """SHA-256 of a whole file (a model edited in place may keep its size), computed once per
+    (path, size, modification time): a sweep asks for the key of each build several times."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -99,17 +103,27 @@ def measure_build(spec: BuildSpec) -> dict[str, Any]:
     return row
 
 
+def compiler_takes_calib() -> bool:
+    """Whether ``mcpc.compile`` takes calibration data (it arrives with the quantizing pipelines)."""
+    from mcpc import driver
+
+    return "calib" in inspect.signature(driver.compile).parameters
+
+
+def refuse_calib_if_unused(calib: str | None, where: str) -> None:
+    """UsageError when calibration data is given to a compiler that takes none (never ignored)."""
+    from mcpc.errors import UsageError
+
+    if calib is not None and not compiler_takes_calib():
+        raise UsageError(f"{where}: calibration data given, but this mcpc compiles no config with it")
+
+
 def _compile(spec: BuildSpec):
     from mcpc import driver
-    from mcpc.errors import UsageError
 
     kwargs: dict[str, Any] = {}
     if spec.calib is not None:
-        # calibration arrives with the quantization pipeline; until the driver takes it, say so
-        if "calib" not in inspect.signature(driver.compile).parameters:
-            raise UsageError(
-                f"{spec.calib}: calibration data given, but this mcpc compiles no config with it"
-            )
+        refuse_calib_if_unused(spec.calib, spec.calib)
         kwargs["calib"] = spec.calib
     return driver.compile(
         spec.model,
@@ -124,6 +138,7 @@ def _compile(spec: BuildSpec):
 def _measure(spec: BuildSpec) -> dict[str, Any]:
     from mcpc.arch.mcpb import program_bytes
     from mcpc.check import Tolerances, is_logits, run_onnxruntime, vocabulary_sizes
+    from mcpc.errors import InputError
     from mcpc.sim.api import from_program, random_inputs, run_program
     from mcpc.sim.numeric import message as numeric_message
 
@@ -139,11 +154,11 @@ def _measure(spec: BuildSpec) -> dict[str, Any]:
     ref = run_onnxruntime(spec.model, _as_model_dtypes(spec.model, inputs))
     tol = Tolerances.of_program(loaded.meta)
     vocab = vocabulary_sizes(spec.model)
-    outputs = [
-        tol.compare(name, y, ref[name], top1=is_logits(name, y.shape, vocab))
-        for name, y in sim.outputs.items()
-        if name in ref
-    ]
+    outputs = []
+    for name, y in sim.outputs.items():
+        if name not in ref:
+            raise InputError(f"program output '{name}' is not an output of {spec.model}")
+        outputs.append(tol.compare(name, y, ref[name], top1=is_logits(name, y.shape, vocab)))
     prof = sim.profile
     top1 = [o.top1 for o in outputs if o.top1 is not None]
     problem = numeric_message(prof.get("numeric") or {})

@@ -108,6 +108,12 @@ def _num(v: Any, fmt: str = ",.0f") -> str:
 def _render_profile(source: str, p: dict) -> list[str]:
     from mcpc import report_plots as plots
 
+    if p["nodes"] and not all("engine_cycles" in n and "idle" in n for n in p["nodes"]):
+        raise InputError(
+            f"{source}: this profile has no per-node engine cycles (written by an older mcpc): "
+            "run mcpc sim run --profile-json again"
+        )
+
     roof_svg, without = plots.roofline(p)
     eng = ", ".join(
         f"{plots.ENGINE_LABELS.get(k, k)} {v['utilization']:.0%}" for k, v in p["engines"].items()

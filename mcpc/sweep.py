@@ -123,12 +123,12 @@ def run_sweep(
     if out.parent and not out.parent.is_dir():
         raise InputError(f"{out}: output directory {str(out.parent)!r} does not exist")
     previous = {r["key"]: r for r in read_rows(out)}
-    todo = [s for s in specs if s.key() not in previous]
-    done_keys = {s.key() for s in specs} & previous.keys()
-    total, count = len(specs), len(done_keys)
+    keys = {s.name: s.key() for s in specs}
+    todo = [s for s in specs if keys[s.name] not in previous]
+    rows = [previous[keys[s.name]] for s in specs if keys[s.name] in previous]
+    total, count = len(specs), len(rows)
     if progress is not None:
         progress(count, total, None)
-    rows = [previous[s.key()] for s in specs if s.key() in previous]
     by_name = {s.name: s for s in specs}
 
     with open(out, "a", encoding="utf-8") as f:
@@ -146,7 +146,7 @@ def run_sweep(
                 progress(count, total, row)
 
         outcome = run_builds(todo, jobs=jobs, ray_address=ray_address, on_row=on_row)
-    return rows, len(done_keys), outcome.lost
+    return rows, total - len(todo), outcome.lost
 
 
 def check_targets(targets: Sequence[str]) -> None:

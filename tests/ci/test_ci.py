@@ -173,6 +173,20 @@ def test_checks_file_errors_name_file_line_and_key(tmp_path, body, words):
         assert word in result.output, (word, result.output)
 
 
+def test_calib_in_a_checks_file_is_never_ignored(tmp_path):
+    from mcpc.ci import load_checks
+    from mcpc.measure import compiler_takes_calib
+
+    (tmp_path / "calib.npz").write_bytes(b"")
+    (tmp_path / "c.yaml").write_text("builds:\n  - {name: a, model: example:mlp, calib: calib.npz}\n")
+    if compiler_takes_calib():  # handed to the compiler
+        checks = load_checks(tmp_path / "c.yaml", tmp_path / "ex")
+        assert checks.builds[0].spec.calib == str(tmp_path / "calib.npz")
+        return
+    result = CliRunner().invoke(cli, ["ci", str(tmp_path / "c.yaml")])
+    assert result.exit_code == 3 and "c.yaml:2" in result.output and "calibration data" in result.output
+
+
 def test_update_baseline_needs_a_path(tmp_path):
     (tmp_path / "c.yaml").write_text(MINIMAL)
     result = CliRunner().invoke(cli, ["ci", str(tmp_path / "c.yaml"), "--update-baseline"])

@@ -4,6 +4,7 @@ cut-short line and after a real kill), the process pool giving the rows of one p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -123,6 +124,21 @@ def test_a_finished_sweep_is_not_redone_and_a_cut_line_is_dropped(one_process_sw
     assert again.exit_code == 0 and "6 resumed" in again.output and partial.read_text() == before
 
 
+def test_calibration_data_is_never_ignored(examples_dir, tmp_path):
+    from mcpc.measure import compiler_takes_calib
+
+    calib = tmp_path / "calib.npz"
+    calib.write_bytes(b"")
+    args = [str(examples_dir / "mlp.onnx"), "--configs", "fp16", "--targets", "mcp2026-a100",
+            "--calib", str(calib), "-o", str(tmp_path / "s.jsonl")]  # fmt: skip
+    result = CliRunner().invoke(cli, ["sweep", *args])
+    if not compiler_takes_calib():  # refused up front, before any build, until a pipeline uses it
+        assert result.exit_code == 2 and "calib.npz" in result.output and "calibration" in result.output
+        assert not (tmp_path / "s.jsonl").exists()
+    else:
+        assert "compiles no config with it" not in result.output
+
+
 def test_a_corrupt_sweep_file_is_refused(tmp_path, examples_dir):
     out = tmp_path / "s.jsonl"
     out.write_text('{"key": "x", "status": "ok"}\nnot json\n{"key": "y", "status": "ok"}\n')
@@ -138,17 +154,7 @@ def test_a_killed_sweep_resumes(examples_dir, tmp_path):
     out = tmp_path / "s.jsonl"
     cmd = [str(BIN / "mcpc"), "sweep", str(examples_dir / "encoder_block.onnx"), "--configs", "fp16,fp32",
            "--inputs", str(examples_dir / "encoder_block.npz"), "-o", str(out)]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            if out.exists() and out.read_text().count("\n") >= 1:
-                break
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait(30)
-    before = _rows(out) if out.exists() else []
+    before = _kill_after_first_row(cmd, out)
     assert 1 <= len(before) < 6, "the sweep should have been killed halfway"
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -173,11 +179,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_ray_gives_the_rows_of_the_process_pool(one_process_sweep, tmp_path):
-    """A local Ray head on loopback with 2 CPUs, started here; the sweep connects to its address."""
+@contextlib.contextmanager
+def ray_head():
+    """A Ray head on loopback with 2 CPUs, started here in its own session; yields its address."""
     require_extra("ray", "ray")
-    _, args, out, _ = one_process_sweep
     port = _free_port()
     head = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
@@ -185,16 +190,7 @@ def test_ray_gives_the_rows_of_the_process_pool(one_process_sweep, tmp_path):
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     try:
-        on_ray = tmp_path / "ray.jsonl"
-        cmd = [str(BIN / "mcpc"), "sweep", *args[:-1], str(on_ray), "--ray-address", f"127.0.0.1:{port}"]
-        deadline = time.monotonic() + 180
-        while True:  # the head takes a while to come up; the sweep's error says when it is not there
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-            if done.returncode == 0 or time.monotonic() > deadline or head.poll() is not None:
-                break
-            time.sleep(2)
-        assert done.returncode == 0, done.stderr
-        assert _comparable(_rows(on_ray)) == _comparable(_rows(out))
+        yield f"127.0.0.1:{port}", head
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         try:
@@ -202,3 +198,82 @@ def test_ray_gives_the_rows_of_the_process_pool(one_process_sweep, tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait(30)
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    with ray_head() as (address, head):
+        yield address, head
+
+
+def _sweep_on_ray(args: list[str], address: str, head: subprocess.Popen) -> subprocess.CompletedProcess:
+    cmd = [str(BIN / "mcpc"), "sweep", *args, "--ray-address", address]
+    deadline = time.monotonic() + 180
+    while True:  # the head takes a while to come up; until then the sweep says it cannot connect
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if done.returncode == 0 or time.monotonic() > deadline or head.poll() is not None:
+            return done
+        assert "cannot connect" in done.stderr, done.stderr
+        time.sleep(2)
+
+
+@pytest.mark.slow
+def test_ray_gives_the_rows_of_the_process_pool(one_process_sweep, ray_address, tmp_path):
+    _, args, out, _ = one_process_sweep
+    on_ray = tmp_path / "ray.jsonl"
+    done = _sweep_on_ray([*args[:-1], str(on_ray)], *ray_address)
+    assert done.returncode == 0, done.stderr
+    assert _comparable(_rows(on_ray)) == _comparable(_rows(out))
+
+
+def _kill_after_first_row(cmd: list[str], out: Path) -> list[dict]:
+    """Run ``cmd`` in a session of its own and SIGKILL all of it (pool workers included, as a
+    cancelled CI job is) once the first row is in ``out``; returns the rows written."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            if out.exists() and out.read_text().count("\n") >= 1:
+                break
+            time.sleep(0.01)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    return _rows(out) if out.exists() else []
+
+
+@pytest.mark.slow
+def test_minilm_sweep_pool_resume_and_ray(ray_address, tmp_path):
+    """The acceptance sweep: MiniLM-L3 over every shipped QAT config x 3 targets with -j 2, killed
+    after its first row and resumed, then the same grid on Ray: identical rows."""
+    import numpy as np
+    import onnx
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "real_models"))
+    from real_model import MINILM, dim_bindings, realistic_inputs
+
+    try:
+        model_path = MINILM.path()
+    except LookupError as e:
+        pytest.fail(str(e), pytrace=False)
+    model = onnx.load(str(model_path), load_external_data=False)
+    np.savez(tmp_path / "in.npz", **realistic_inputs(model, 1, 16))
+    dims = [a for k, v in dim_bindings(model, 1, 16).items() for a in ("--dim", f"{k}={v}")]
+    out = tmp_path / "pool.jsonl"
+    args = [str(model_path), *dims, "--inputs", str(tmp_path / "in.npz"), "-o", str(out)]
+    n = len(resolve_configs(None)) * 3
+    before = _kill_after_first_row([str(BIN / "mcpc"), "sweep", *args, "-j", "2"], out)
+    assert 1 <= len(before) < n, "the sweep should have been killed halfway"
+    done = subprocess.run([str(BIN / "mcpc"), "sweep", *args, "-j", "2"], capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"{len(before)} resumed" in done.stdout
+    rows = _rows(out)
+    assert len(rows) == n and rows[: len(before)] == before and len({r["key"] for r in rows}) == n
+    on_ray = tmp_path / "ray.jsonl"
+    done = _sweep_on_ray([*args[:-1], str(on_ray)], *ray_address)
+    assert done.returncode == 0, done.stderr
+    assert _comparable(_rows(on_ray)) == _comparable(rows)
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert {r["config"] for r in ok} >= {"fp16", "fp32"}
+    assert all(r["metrics"]["min_cosine"] > 0.999 for r in ok)
