@@ -157,6 +157,12 @@ def sim_group():
     help="Stop a runaway program: trap (exit 5) when an instruction would issue after this cycle.",
 )
 @click.option(
+    "--report",
+    "report_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write an HTML report of the run (cycles per node by engine, roofline, memory).",
+)
+@click.option(
     "--strict",
     is_flag=True,
     help="Exit 7 when the run produced a NaN or overflowed to infinity, or an output is not finite.",
@@ -174,6 +180,7 @@ def run_command(
     timing_only,
     max_cycles,
     strict,
+    report_path=None,
 ):
     """Simulate PROGRAM (.mcpb) and print cycles, latency, traffic, utilisation and top nodes."""
     from rich.console import Console
@@ -218,6 +225,10 @@ def run_command(
             "otherData": {"program": program.name, "target": loaded.target.name, "entry": entry},
         }
         write_atomic(trace_path, json.dumps(doc, separators=(",", ":")).encode("utf-8"))
+    if report_path:
+        from mcpc.report import write_profile_report
+
+        write_profile_report(result.profile, program.name, report_path)
     render_summary(result.profile, Console(soft_wrap=True, highlight=False), source=program.name)
     problem = numeric_message(result.profile["numeric"] or {})
     if strict and problem:
