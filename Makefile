@@ -16,7 +16,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,models]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,models,quant]'
 	touch $(STAMP)
 
 venv: $(STAMP)
