@@ -188,7 +188,7 @@ def per_node(
                 skipped.append({"node": name, "op_type": op_type, "tensor": out, "reason": why})
                 continue
             if key not in captured:
-                why = "kept in SRAM by a fused kernel"
+                why = "no store writes it (a fused kernel keeps it in SRAM)"
                 skipped.append({"node": name, "op_type": op_type, "tensor": out, "reason": why})
                 continue
             r = np.asarray(ref[out])
