@@ -91,6 +91,30 @@ def resolve_passes(qat_config=DEFAULT_QAT_CONFIG, passes: str | None = None) -> 
         raise ConfigError(f"{config.source}: pipeline: {exc.message}") from None
 
 
+def calibration_path(config, calib: str | Path | None) -> Path | None:
+    """The calibration data a compile uses: ``calib`` (``--calib``) when given, else the config's
+    ``quantization.calibration.data`` (relative to the config file).  A config that needs data
+    and has none is refused (UsageError, exit 2) naming the key that needs it; data given to a
+    config that does not quantize is refused too (it would be silently ignored)."""
+    q = config.quantization
+    if calib is None and q is not None and q.calibration.data is not None:
+        base = Path(config.source).parent if Path(config.source).is_file() else Path.cwd()
+        calib = base / q.calibration.data
+    if calib is not None and q is None:
+        raise UsageError(
+            f"--calib {calib}: config {config.source} does not quantize (no quantization: section), "
+            "so calibration data would be ignored"
+        )
+    need = q.needs_calibration() if q is not None else None
+    if need is not None and calib is None:
+        raise UsageError(
+            f"{config.source}: {need} needs calibration data: give --calib FILE.npz (or a directory of "
+            ".npz files; arrays named like the model inputs, the batch axis leading) or set "
+            "quantization.calibration.data"
+        )
+    return Path(calib) if calib is not None else None
+
+
 def load_target(target=DEFAULT_TARGET, overrides=()):
     """A ``Target`` from a shipped name or path with ``key=value`` overrides, or a Target as is."""
     from mcpc.arch.target import Target
@@ -122,13 +146,18 @@ def compile(  # noqa: A001 - the public API name (mcpc.compile) is part of the s
     *,
     print_ir_after_all: TextIO | None = None,
     time_passes: bool = False,
+    calib: str | Path | None = None,
+    notes: dict | None = None,
 ) -> CompileResult:
     """Compile ``model`` (an ONNX path or an already imported ``Module``, which is modified in
     place) for ``target`` with ``qat_config``; write ``output`` when given.
 
     ``passes`` (pipeline text) replaces the config's pipeline.  ``emit`` is ``mcpb``, ``asm`` or
-    ``ir``.  The result's ``report`` lists the target, config, pipeline, per-pass times and, for
-    programs, instruction and constant sizes.
+    ``ir``.  ``calib`` (an .npz file or a directory of them) is the calibration data of a
+    quantizing config (it replaces the config's ``calibration.data``).  The result's ``report``
+    lists the target, config, pipeline, per-pass times, the MatMul/Gemm weight bytes before and
+    after the passes (``weights``), what quantization did (``quantization``) and, for programs,
+    instruction and constant sizes.
     """
     from mcpc.passes import PassContext, PassManager, format_pass
 
@@ -140,14 +169,24 @@ def compile(  # noqa: A001 - the public API name (mcpc.compile) is part of the s
         _check_output_dir(output)
     config = load_qat_config(qat_config)
     pipeline = resolve_passes(config, passes)
+    calib_path = calibration_path(config, calib)
     tgt = load_target(target, overrides)
     if isinstance(model, (str, Path)):
         module = load_model(model, shapes, dims, dram_bytes=tgt.dram.size_bytes)
     else:
         module = model
 
+    from mcpc.passes.weight_stats import weight_stats
+
+    before = weight_stats(module)
+    ctx = PassContext(target=tgt, config=config, notes=dict(notes or {}))
+    if calib_path is not None:
+        from mcpc.passes.calibration import load_calibration
+
+        samples = config.quantization.calibration.samples if config.quantization is not None else None
+        ctx.notes["calibration"] = load_calibration(calib_path, module.main, samples)
     pm = PassManager(pipeline, print_ir_after_all=print_ir_after_all, time_passes=time_passes)
-    module = pm.run(module, PassContext(target=tgt, config=config))
+    module = pm.run(module, ctx)
 
     program, text = None, None
     if emit == "ir":
@@ -183,6 +222,8 @@ def compile(  # noqa: A001 - the public API name (mcpc.compile) is part of the s
         "emit": emit,
         "output": str(output) if output is not None else None,
         "ir_ops": dict(sorted(Counter(op.name for op in module.walk()).items())),
+        "weights": {"before": before, "after": weight_stats(module)},
+        "quantization": ctx.notes.get("quantization"),
     }
     if program is not None:
         from mcpc.backend import compile_report
