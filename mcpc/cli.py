@@ -281,6 +281,11 @@ cli.add_command(inspect_command)
 cli.add_command(inspect_model_command)
 if _has_module("mcpc.check") and _has_module("mcpc.sim.api"):
     cli.add_command(check_command)
+if _has_module("mcpc.cli_quant"):
+    from mcpc.cli_quant import export_onnx_command, quant_group
+
+    cli.add_command(quant_group)
+    cli.add_command(export_onnx_command)
 if _has_module("mcpc.examples"):
     cli.add_command(examples_group)
 if _has_module("mcpc.conformance"):

@@ -37,6 +37,7 @@ class CompileResult:
     output: Path | None
     report: dict[str, Any]
     pass_manager: Any = field(repr=False, default=None)
+    notes: dict[str, Any] = field(repr=False, default_factory=dict)
 
 
 def default_output(model_path: str | Path, emit: str) -> Path:
@@ -229,7 +230,7 @@ def compile(  # noqa: A001 - the public API name (mcpc.compile) is part of the s
         from mcpc.backend import compile_report
 
         report["program"] = compile_report(program)
-    return CompileResult(module, program, text, output, report, pm)
+    return CompileResult(module, program, text, output, report, pm, ctx.notes)
 
 
 def _compile_to_program(module, target, config, pipeline, model):
@@ -248,6 +249,43 @@ def _compile_to_program(module, target, config, pipeline, model):
         "qat_config": config,
     }
     return compile_to_program(module, target, options)
+
+
+def export_onnx(
+    model,
+    qat_config,
+    output: str | Path,
+    calib: str | Path | None = None,
+    shapes: dict | None = None,
+    dims: dict | None = None,
+) -> CompileResult:
+    """Quantize ``model`` (an ONNX path) as ``qat_config`` says and write the quantized model as
+    ONNX opset 21 QDQ to ``output`` (``mcpc.ir.onnx_export``).  The IR run is ``fold-constants,
+    quantize-weights`` (what every quantizing preset runs first); returns that compile's result."""
+    import onnx
+
+    from mcpc.ir.onnx_export import export_quantized
+
+    output = Path(output)
+    _check_output_dir(output)
+    config = load_qat_config(qat_config)
+    if config.quantization is None:
+        raise UsageError(f"export-onnx: config {config.source} does not quantize (no quantization: section)")
+    result = compile(
+        model, qat_config=config, passes="fold-constants,quantize-weights", emit="ir", shapes=shapes,
+        dims=dims, calib=calib,
+    )  # fmt: skip
+    arrays = result.notes["quantized_arrays"]
+    if len(arrays) != 1:
+        raise UnsupportedError("export-onnx: models with several functions are not exported")
+    try:
+        proto = onnx.load(str(model))
+    except Exception as exc:  # noqa: BLE001 - any parse failure is a bad input file
+        raise InputError(f"{model}: cannot read ONNX model: {exc}") from None
+    exported = export_quantized(proto, next(iter(arrays.values())))
+    write_atomic(output, exported.SerializeToString())
+    result.output = output
+    return result
 
 
 def write_report(path: str | Path, report: dict[str, Any]) -> None:

@@ -60,7 +60,7 @@ def layer_table(report: dict[str, Any]):
     for column, justify in [("layer", "left"), ("K x N", "right"), ("sensitivity", "right"),
                             ("precision", "left"), ("algorithm", "left"), ("bytes", "right"),
                             ("bits/weight", "right")]:  # fmt: skip
-        table.add_column(column, justify=justify, overflow="fold")
+        table.add_column(column, justify=justify, overflow="fold", no_wrap=column != "layer")
     q = report.get("quantization") or {"functions": {}}
     for fname, f in q["functions"].items():
         prefix = f"@{fname} " if len(q["functions"]) > 1 else ""

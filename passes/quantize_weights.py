@@ -20,7 +20,8 @@ Guarantees a valid module computing, for every quantized layer, ``x @ dequant(W)
 
 Layers kept in float (an override's ``keep``, or sensitivity above the INT8 threshold) are left
 untouched.  What ran for each layer (algorithm, bits, bytes as stored) is recorded in
-``ctx.notes["quantization"]`` for the compile summary; calibration data comes from
+``ctx.notes["quantization"]`` for the compile summary (the arrays in
+``ctx.notes["quantized_arrays"]``, for the ONNX export); calibration data comes from
 ``ctx.notes["calibration"]`` (a ``CalibrationData``), absent when none was given.
 """
 
@@ -401,8 +402,12 @@ def collect_inputs(func: Function, layers: list[Layer], calib: CalibrationData, 
     return stats
 
 
-def quantize_function(func: Function, quant, calib: CalibrationData | None, measure: bool = False) -> dict:
-    """Quantize ``func`` in place per ``quant`` (a ``Quantization``); return its report."""
+def quantize_function(
+    func: Function, quant, calib: CalibrationData | None, measure: bool = False, float_dtype=None
+):
+    """Quantize ``func`` in place per ``quant`` (a ``Quantization``); return its report (JSON-ready)
+    and the arrays behind it (per quantized layer its ``Layer``, ``QuantResult`` and float weight;
+    per matmul name the activation (scale, zero point)) for ``mcpc export-onnx``."""
     plan = plan_function(func, quant, calib, measure)
     algos_needed = {resolve_algorithm(s, calib is not None) for s in plan.settings if s is not None}
     observers: dict[int, Any] = {}
@@ -411,7 +416,7 @@ def quantize_function(func: Function, quant, calib: CalibrationData | None, meas
     xs = None
     if calib is not None and (algos_needed & {"awq", "gptq"} or observers):
         xs = collect_inputs(func, plan.layers, calib, observers)
-    rows, new_for_const, deq_of = [], {}, {}
+    rows, new_for_const, deq_of, details = [], {}, {}, []
     for i, (layer, settings) in enumerate(zip(plan.layers, plan.settings, strict=True)):
         row = {
             "layer": layer.name,
@@ -424,11 +429,12 @@ def quantize_function(func: Function, quant, calib: CalibrationData | None, meas
         if layer.name in plan.sensitivity:
             row["sensitivity"] = plan.sensitivity[layer.name]
         if settings is None:
+            kept = float_dtype or layer.const.result.type.dtype
             row.update(
-                precision=f"{layer.const.result.type.dtype.name} (kept)",
+                precision=f"{kept.name} (kept)",
                 algorithm="none",
-                bytes=row["float_bytes"],
-                bits_per_weight=layer.const.result.type.dtype.bits,
+                bytes=kept.storage_bytes(row["params"]),
+                bits_per_weight=kept.bits,
             )
             rows.append(row)
             continue
@@ -439,6 +445,7 @@ def quantize_function(func: Function, quant, calib: CalibrationData | None, meas
         ops = _emit_layer(layer, q)
         new_for_const.setdefault(id(layer.const), []).extend(ops)
         deq_of[id(layer.const), layer.trans_b] = (ops[-1].result, q, layer)
+        details.append({"layer": layer, "result": q, "float": layer.const.value})
         bits = settings.bits if settings.format == "int" else 8
         row.update(
             precision=(
@@ -452,7 +459,8 @@ def quantize_function(func: Function, quant, calib: CalibrationData | None, meas
         rows.append(row)
     by_matmul = {id(m): observers[id(m.operands[0])] for m in plan.act_matmuls}
     act_rows = _rewrite(func, plan, new_for_const, deq_of, by_matmul, quant)
-    return {"layers": rows, "activations": act_rows}
+    activations = {r["layer"]: r.pop("_qparams") for r in act_rows}
+    return {"layers": rows, "activations": act_rows}, {"weights": details, "activations": activations}
 
 
 def _emit_layer(layer: Layer, q: QuantResult) -> list[Operation]:
@@ -540,27 +548,30 @@ def _tied_gather(op: GatherOp, entry, rename) -> list[Operation]:
 
 
 def _quantize_activation(op, x, observer, quant, new_ops, done, rows) -> Value:
-    if id(x) in done:
-        return done[id(x)]
-    a = quant.activations
-    scale, zp = _activation_qparams(observer, a.dtype, a.symmetric)
-    s = _const(scale.astype(x.type.dtype.np_dtype) if x.type.dtype.is_float else scale, op.loc)
-    z = _const(zp, op.loc)
-    qop = QuantizeOp([x, s.result, z.result], {"axis": 0, "block_size": 0}, loc=op.loc)
-    dq = DequantizeOp(
-        [qop.result, s.result, z.result], {"axis": 0, "block_size": 0, "out": x.type.dtype}, loc=op.loc
-    )
-    new_ops.extend([s, z, qop, dq])
-    done[id(x)] = dq.result
+    """``x`` through a quantize -> dequantize pair with the observer's per-tensor qparams (one pair
+    per value: matmuls sharing an input share it)."""
+    if id(x) not in done:
+        a = quant.activations
+        scale, zp = _activation_qparams(observer, a.dtype, a.symmetric)
+        s = _const(scale.astype(x.type.dtype.np_dtype) if x.type.dtype.is_float else scale, op.loc)
+        z = _const(zp, op.loc)
+        qop = QuantizeOp([x, s.result, z.result], {"axis": 0, "block_size": 0}, loc=op.loc)
+        dq = DequantizeOp(
+            [qop.result, s.result, z.result], {"axis": 0, "block_size": 0, "out": x.type.dtype}, loc=op.loc
+        )
+        new_ops.extend([s, z, qop, dq])
+        done[id(x)] = (dq.result, scale, zp)
+    result, scale, zp = done[id(x)]
     rows.append(
         {
             "layer": op.loc or "matmul",
-            "dtype": a.dtype,
+            "dtype": quant.activations.dtype,
             "scale": float(scale),
             "zero_point": int(zp.astype(np.int64)),
+            "_qparams": (scale, zp),
         }
     )
-    return dq.result
+    return result
 
 
 @register_pass
@@ -583,6 +594,12 @@ class QuantizeWeightsPass(Pass):
                 "quantize-weights: the QAT config has no quantization: section saying how to quantize"
             )
         calib = ctx.notes.get("calibration")
+        kept = None  # the dtype a layer left in float is stored in: the build's
+        if ctx.config is not None:
+            from mcpc.ir.dtypes import dtype_from_name
+            from mcpc.qat_configs.schema import built_precision
+
+            kept = dtype_from_name(built_precision(ctx.config))
         measure = bool(ctx.notes.get("measure_sensitivity"))
         report: dict[str, Any] = {
             "calibration": None if calib is None else {"source": calib.source, "samples": calib.samples},
@@ -590,6 +607,7 @@ class QuantizeWeightsPass(Pass):
         }
         for func in module.functions.values():
             data = calib if calib is not None and len(module.functions) == 1 else None
-            report["functions"][func.name] = quantize_function(func, quant, data, measure)
+            report["functions"][func.name], detail = quantize_function(func, quant, data, measure, kept)
+            ctx.notes.setdefault("quantized_arrays", {})[func.name] = detail
         ctx.notes["quantization"] = report
         return module
