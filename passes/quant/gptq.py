@@ -1,0 +1,143 @@
+"""GPTQ: quantize a weight row by row (input channel by input channel), each row's rounding error
+compensated on the rows not yet quantized through the inverse Hessian of the layer's output error.
+
+For ``x @ W`` with W (K, N) and ``H = E[x^T x] + damp * mean(diag H) * I``, let ``U`` be the upper
+Cholesky factor of ``H^-1``.  Rows are visited in order (or, with ``desc_act``, by decreasing
+``H_kk``: the channels with the most input energy first, while the most rows remain to absorb
+their error).  Quantizing row i gives the error ``e = (w_i - q_i) / U_ii``, and every later row j
+moves by ``-U_ij * e``; updates are applied lazily in blocks of ``block`` rows (same result, fewer
+passes over W).
+
+Groups and act-order.  The dequantize op (and ONNX's blocked DequantizeLinear) takes contiguous
+blocks of ``group_size`` rows along K in natural order.  Without ``desc_act`` a group's scale and
+zero point are computed from the (already error-updated) weights of its rows when its first row is
+reached, as in the GPTQ paper.  With ``desc_act`` the groups are *static*: every group's scale and
+zero point are computed from the original weight before the loop, in natural order, and each row
+is rounded with its own natural group's parameters whatever the visiting order; the codes are
+stored back in natural order.  So the result needs no ``g_idx`` and no permutation at run time;
+``QuantizedWeight.perm`` records the visiting order for information only.
+
+Channels never active in calibration (``H_kk = 0``) get ``H_kk = 1``: they are rounded to nearest and
+pass no error on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg
+
+from .calib import InputStats
+from .core import (
+    F32,
+    QuantizedWeight,
+    QuantSpec,
+    check_weight,
+    dequantize_values,
+    group_range,
+    grouped,
+    qparams,
+    quantize_values,
+)
+
+
+def _inverse_cholesky(h: np.ndarray, damp: float) -> np.ndarray:
+    """Upper Cholesky factor of (H + damp*mean(diag)*I)^-1; the damping grows tenfold (up to 4 times)
+    when H is not positive definite in floating point."""
+    k = h.shape[0]
+    mean_diag = float(np.mean(np.diag(h))) or 1.0
+    d = float(damp)
+    for _ in range(5):
+        try:
+            hd = h + (d * mean_diag) * np.eye(k)
+            low = scipy.linalg.cholesky(hd, lower=True)
+            hinv = scipy.linalg.cho_solve((low, True), np.eye(k))
+            return scipy.linalg.cholesky(hinv, lower=False)
+        except np.linalg.LinAlgError:
+            d = max(d * 10.0, 1e-6)
+    raise ValueError("the calibration Hessian is not positive definite even with heavy damping")
+
+
+def quantize_gptq(
+    w: np.ndarray,
+    x_calib=None,
+    spec: QuantSpec | None = None,
+    desc_act: bool = False,
+    damp: float = 0.01,
+    block: int = 128,
+    hessian: np.ndarray | None = None,
+) -> QuantizedWeight:
+    """GPTQ-quantize ``w`` (K, N) given its inputs ``x_calib`` ((..., K) array or ``InputStats``) or
+    the second moment ``hessian`` = E[x^T x] (K, K).  Codes and groups in natural K order (module
+    docstring); ``perm`` is the act-order visiting order when ``desc_act``.
+
+    Cost: one K x K Cholesky inversion plus K row steps, each an (at most ``block``) x N update, and
+    a (K, block) x (block, N) product per block: about 2 K^2 N flops, as a matmul of the layer on K
+    tokens.
+    """
+    if spec is None:
+        raise ValueError("quantize_gptq needs a QuantSpec")
+    w = check_weight(w)
+    k, n = w.shape
+    if hessian is None:
+        if x_calib is None:
+            raise ValueError("quantize_gptq needs calibration inputs or a Hessian")
+        stats = InputStats.of(x_calib)
+        if stats.k != k:
+            raise ValueError(f"calibration inputs have width {stats.k}, the weight has K = {k} rows")
+        hessian = stats.hessian
+    h = np.array(hessian, dtype=np.float64)
+    if h.shape != (k, k) or not np.all(np.isfinite(h)):
+        raise ValueError(f"the Hessian must be a finite ({k}, {k}) matrix, got shape {h.shape}")
+    if not 0.0 <= damp:
+        raise ValueError(f"damp must be >= 0, got {damp!r}")
+    block = max(1, int(block))
+    dead = np.diag(h) <= 0
+    h[dead, dead] = 1.0
+
+    g = spec.group_len(k) or 1
+    n_groups = spec.groups(k)
+    stored = np.empty((n_groups, n), dtype=qparams(np.zeros(1, F32), np.zeros(1, F32), spec)[0].dtype)
+    zps = None if spec.symmetric else np.empty((n_groups, n), np.uint8)
+    s32 = np.empty((n_groups, n), F32)
+
+    def set_group(gi: int, rows: np.ndarray) -> None:
+        lo, hi = group_range(rows[None].astype(F32), spec)
+        st, zp, s = qparams(lo[0], hi[0], spec)
+        stored[gi], s32[gi] = st, s
+        if zps is not None:
+            zps[gi] = zp
+
+    if desc_act:
+        perm = np.argsort(-np.diag(h), kind="stable")
+        wg = grouped(w, spec)
+        for gi in range(n_groups):
+            set_group(gi, wg[gi])
+    else:
+        perm = np.arange(k)
+    h = h[np.ix_(perm, perm)]
+    u = _inverse_cholesky(h, damp)
+    wp = w[perm].astype(np.float64)
+    codes = np.empty((k, n), spec.code_dtype)
+
+    for i1 in range(0, k, block):
+        i2 = min(i1 + block, k)
+        w1 = wp[i1:i2].copy()
+        err1 = np.zeros_like(w1)
+        u1 = u[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            row = i1 + i
+            nat = perm[row]
+            gi = nat // g
+            if not desc_act and nat % g == 0:
+                rows = np.concatenate([w1[i:], wp[i2:]])[:g] if nat + g > i2 else w1[i : i + g]
+                set_group(gi, rows[: min(g, k - nat)])
+            zp = None if zps is None else zps[gi]
+            wrow = w1[i].astype(F32)
+            q = quantize_values(wrow, s32[gi], zp, spec)
+            codes[nat] = q
+            e = (wrow - dequantize_values(q, s32[gi], zp)).astype(np.float64) / u1[i, i]
+            w1[i + 1 :] -= np.outer(u1[i, i + 1 :], e)
+            err1[i] = e
+        if i2 < k:
+            wp[i2:] -= u[i1:i2, i2:].T @ err1
+    return QuantizedWeight(codes, stored, zps, spec, "gptq", perm.copy() if desc_act else None)
