@@ -5,8 +5,9 @@ some QAT configs, ``evaluate`` measures in one run:
 
 * ONNX Runtime fp32 on the original model: the reference;
 * each config compiled by mcpc (``mcp-compile --qat-config C [--calib F]`` in-process, every row
-  of the evaluation set in one batch) and run on the **simulator** (the ``.mcpb`` itself, not the
-  IR interpreter);
+  of the evaluation set in one batch) and run on the **simulator** (the ``.mcpb`` itself) — or,
+  while the backend cannot lower an op of the build yet, the compiled IR on the reference
+  interpreter, which defines the simulator's results bit for bit (the row says which ran);
 * ONNX Runtime's ``MatMulNBitsQuantizer`` (RTN, 4 bits, block 32, symmetric and asymmetric,
   ``accuracy_level`` 0) run by ONNX Runtime with ``session.qdq_matmulnbits_accuracy_level`` = 0:
   the peer;
@@ -229,7 +230,10 @@ def default_output(model) -> str:
 
 
 def config_symmetric(config) -> bool | None:
-    """``quantization.weights.symmetric`` of a QAT config's YAML (None when it has no such key)."""
+    """``quantization.weights.symmetric`` of a QAT config (None when it has no such key)."""
+    weights = getattr(getattr(config, "quantization", None), "weights", None)
+    if weights is not None and getattr(weights, "symmetric", None) is not None:
+        return bool(weights.symmetric)
     import yaml
 
     source = getattr(config, "source", None)
@@ -241,24 +245,49 @@ def config_symmetric(config) -> bool | None:
     return bool(sym) if sym is not None else None
 
 
-def compile_and_simulate(model_path, config, inputs, calib=None, target="mcp2026-a100", dims=None):
+def compile_and_run(model_path, config, inputs, calib=None, target="mcp2026-a100", dims=None, engine="auto"):
     """Compile ``model_path`` with ``config`` (and calibration data ``calib`` when given) for the
-    batch of ``inputs`` and run it on the simulator: ``(outputs, CompileResult, compile seconds)``."""
+    batch of ``inputs`` and run it: ``(outputs, CompileResult | None, compile seconds, engine used,
+    report)``.
+
+    ``engine``: ``sim`` runs the ``.mcpb`` on the simulator; ``ir`` runs the compiled IR (after the
+    config's passes) on the reference interpreter, which defines what the simulator must compute
+    bit for bit; ``auto`` is ``sim``, falling back to ``ir`` when the backend cannot lower an op
+    of the build yet (the reason is returned in the report's ``fallback``)."""
     from mcpc import driver
+    from mcpc.errors import UnsupportedError
+    from mcpc.ir.interpreter import interpret
     from mcpc.sim.api import run_program
     from mcpc.sim.loader import from_program
 
+    if engine not in ("auto", "sim", "ir"):
+        raise UsageError(f"engine {engine!r}: expected auto, sim or ir")
     kwargs: dict[str, Any] = {}
     if calib is not None:
         if "calib" not in inspect.signature(driver.compile).parameters:
             raise UsageError("this build of mcpc takes no calibration data (driver.compile has no calib)")
         kwargs["calib"] = calib
     start = time.perf_counter()
-    result = driver.compile(str(model_path), target, config, dims=dims, **kwargs)
+    tgt = driver.load_target(target)
+    module = driver.load_model(model_path, dims=dims, dram_bytes=tgt.dram.size_bytes)
+    info: dict[str, Any] = {}
+    result = None
+    if engine == "ir":
+        result = driver.compile(module, tgt, config, emit="ir", **kwargs)
+    else:
+        try:
+            result = driver.compile(module, tgt, config, **kwargs)  # the passes rewrite ``module`` in place
+        except UnsupportedError as exc:
+            if engine == "sim" or not exc.message.startswith("backend:"):
+                raise
+            info["fallback"] = exc.message
     seconds = time.perf_counter() - start
-    source = f"{Path(model_path).name} [{result.report['qat_config']}]"
-    sim = run_program(from_program(result.program, source), inputs)
-    return sim.outputs, result, seconds
+    if result is not None and result.program is not None:
+        source = f"{Path(model_path).name} [{result.report['qat_config']}]"
+        outs = run_program(from_program(result.program, source), inputs).outputs
+        return outs, result, seconds, "simulator", info
+    info["module"] = module  # after the config's passes
+    return interpret(module, inputs), result, seconds, "interpreter", info
 
 
 def _dims(model, inputs: dict[str, np.ndarray]) -> dict[str, int]:
@@ -291,10 +320,12 @@ def evaluate(
     target: str = "mcp2026-a100",
     output: str | None = None,
     peers: tuple[str, ...] = tuple(PEERS),
+    engine: str = "auto",
 ) -> dict[str, Any]:
     """The accuracy table (see the module doc) as a JSON-ready dict: ``rows`` (EvalRow dicts),
     ``output``, ``sentences``, ``target``.  ``builds`` holds ``Build``s (a bare config means no
-    calibration data)."""
+    calibration data); ``engine`` runs them (``compile_and_run``; each row's ``detail.engine``
+    says which ran)."""
     import onnx
 
     from mcpc import driver
@@ -317,14 +348,20 @@ def evaluate(
     for build in builds:
         build = build if isinstance(build, Build) else Build(build)
         cfg = driver.load_qat_config(build.config)
-        outs, result, seconds = compile_and_simulate(model_path, cfg, inputs, build.calib, target, dims)
+        outs, result, seconds, used, info = compile_and_run(
+            model_path, cfg, inputs, build.calib, target, dims, engine
+        )
         if output not in outs:
             raise InputError(f"{cfg.name}: the program has no output {output!r} (it has {', '.join(outs)})")
         cos = sentence_cosines(outs[output], ref)
-        w, b = ir_weight_bits(result.module)
-        passes = {t["pass"]: round(t["seconds"], 4) for t in result.report.get("pass_times", [])}
-        detail = {"pass_seconds": passes, "calib": str(build.calib) if build.calib else None}
-        rows.append(EvalRow(build.label(cfg.name), "mcpc", float(cos.mean()), float(cos.min()),
+        w, b = ir_weight_bits(info.get("module") or (result.module if result is not None else None))
+        report = result.report if result is not None else {}
+        passes = {t["pass"]: round(t["seconds"], 4) for t in report.get("pass_times", [])}
+        detail = {"pass_seconds": passes, "calib": str(build.calib) if build.calib else None, "engine": used,
+                  **{k: v for k, v in info.items() if k != "module"},
+                  **{k: report[k] for k in ("weights", "quantization") if k in report}}  # fmt: skip
+        name = Path(str(build.config)).stem if isinstance(build.config, (str, Path)) else cfg.name
+        rows.append(EvalRow(build.label(name), "mcpc", float(cos.mean()), float(cos.min()),
                             float(1 - cos.mean()), w, b, 8 * b / max(w, 1), seconds, config_symmetric(cfg),
                             detail=detail))  # fmt: skip
     peer_err = {r.name: r.error for r in rows if r.name in PEERS}
@@ -355,14 +392,15 @@ def render(report: dict) -> str:
         f"{report['sentences']} sentences, target {report['target']}"
         + " (`+calib`: built with calibration data)",
         "",
-        "| build | by | cosine (mean) | min | error 1−cos | error / ORT RTN sym | error / ORT RTN asym "
+        "| build | run by | cosine (mean) | min | error 1−cos | error / ORT RTN sym | error / ORT RTN asym "
         "| bits/weight | weight MB | seconds |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
         ratios = [f"{r['ratio'][p]:.2f}" if p in r["ratio"] else "-" for p in PEERS]
+        by = r["detail"].get("engine", "onnxruntime")
         lines.append(
-            f"| {r['name']} | {r['kind']} | {r['cosine']:.5f} | {r['min_cosine']:.5f} | {r['error']:.2e} | "
+            f"| {r['name']} | {by} | {r['cosine']:.5f} | {r['min_cosine']:.5f} | {r['error']:.2e} | "
             + " | ".join(ratios)
             + f" | {r['bits_per_weight']:.3f} | {r['weight_bytes'] / 1e6:.2f} | {r['seconds']:.2f} |"
         )
@@ -378,6 +416,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--also-uncalibrated", action="store_true", help="with --calib, also build each without")
     ap.add_argument("--target", default="mcp2026-a100")
     ap.add_argument("--output", help="output to score (default: the first [batch, features] float output)")
+    ap.add_argument("--engine", choices=("auto", "sim", "ir"), default="auto",
+                    help="sim: the .mcpb on the simulator; ir: the compiled IR on the interpreter; "
+                    "auto: sim, else ir when the backend cannot lower the build yet")  # fmt: skip
     ap.add_argument("--json", dest="json_path", type=Path, help="write the report as JSON")
     args = ap.parse_args(argv)
     from mcpc.fileio import read_npz
@@ -385,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     builds = [Build(c, args.calib) for c in args.config]
     if args.calib is not None and args.also_uncalibrated:
         builds += [Build(c) for c in args.config]
-    report = evaluate(args.model, read_npz(args.eval_npz), builds, args.target, args.output)
+    inputs = read_npz(args.eval_npz)
+    report = evaluate(args.model, inputs, builds, args.target, args.output, engine=args.engine)
     print(render(report))
     if args.json_path:
         from mcpc.fileio import write_atomic

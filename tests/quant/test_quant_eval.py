@@ -97,4 +97,24 @@ def test_evaluate_compiles_simulates_and_compares_with_the_peer(mlp):
     assert peer_of(rows["fp16"], report) is None  # an fp16 build has no weight symmetry
     assert peer_of({"symmetric": False}, report)["name"] == "ort-rtn-asym"
     table = render(report)
-    assert "| fp16 | mcpc |" in table and "ort-rtn-asym" in table
+    assert "| fp16 | simulator |" in table and "ort-rtn-asym" in table
+
+
+def test_quantized_build_runs_where_it_can_and_says_where(mlp):
+    path, _, inputs = mlp
+    report = evaluate(path, inputs, [Build("qat_w4a16"), Build("fp16")], peers=(), engine="auto")
+    rows = {r["name"]: r for r in report["rows"]}
+    w4 = rows["qat_w4a16"]
+    # the simulator when the backend lowers every op of the build, else the compiled IR on the
+    # interpreter (which defines the simulator's results), with the backend's reason
+    assert w4["detail"]["engine"] in ("simulator", "interpreter")
+    assert (w4["detail"]["engine"] == "interpreter") == ("fallback" in w4["detail"])
+    # int4 codes and one fp16 scale per group of 32 (+ int4 zero points where the build stores them)
+    assert w4["bits_per_weight"] in (pytest.approx(4.5), pytest.approx(4.625))
+    if "weights" in w4["detail"]:  # the compile's own figure agrees with ours
+        assert w4["bits_per_weight"] == pytest.approx(w4["detail"]["weights"]["after"]["bits_per_weight"])
+    assert 0.98 < w4["cosine"] < 1 - 1e-7 and w4["symmetric"] is True
+    assert rows["fp16"]["detail"]["engine"] == "simulator"
+    ir = evaluate(path, inputs, [Build("fp16")], peers=(), engine="ir")["rows"][-1]
+    assert ir["detail"]["engine"] == "interpreter"
+    assert ir["cosine"] == rows["fp16"]["cosine"]  # interpreter and simulator agree bit for bit
