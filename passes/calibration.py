@@ -18,9 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
+from mcpc.arch import numerics as nx
 from mcpc.errors import InputError
 from mcpc.ir.core import Function
 from mcpc.ir.interpreter import evaluate_op
+from mcpc.ir.ops import MatMulOp
 
 
 @dataclass(frozen=True)
@@ -136,12 +138,15 @@ def run_collecting(
     inputs: dict[str, np.ndarray],
     watch: dict[int, Callable[[np.ndarray], None]] | None = None,
     replace: dict[int, np.ndarray] | None = None,
+    fast_matmul: bool = False,
 ) -> list[np.ndarray]:
     """Run ``func`` on ``inputs`` with the reference interpreter; return its results.
 
     ``watch`` maps ``id(value)`` to a callback receiving that value once computed; ``replace`` maps
     ``id(value)`` to an array used instead of computing it (a weight swapped for its quantized
     reconstruction, for sensitivity).  Values no later op reads are dropped as the run goes.
+    ``fast_matmul`` computes matmuls with numpy's f32 matmul instead of the interpreter's tiled
+    accumulation order: statistics for calibration need the values, not their last bits.
     """
     watch = watch or {}
     replace = replace or {}
@@ -155,6 +160,11 @@ def run_collecting(
             return [env[id(v)] for v in op.operands]
         if len(op.results) == 1 and id(op.result) in replace:
             results = [replace[id(op.result)]]
+        elif fast_matmul and isinstance(op, MatMulOp):
+            a, b = (env[id(v)] for v in op.operands)
+            b = np.swapaxes(b, -1, -2) if op.attrs["trans_b"] else b
+            y = np.matmul(a.astype(np.float32), b.astype(np.float32))
+            results = [nx.cast(y, op.result.type.dtype.name)]
         else:
             results = evaluate_op(op, [env[id(v)] for v in op.operands])
         for r, arr in zip(op.results, results, strict=True):

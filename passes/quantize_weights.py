@@ -330,7 +330,7 @@ def plan_function(func: Function, quant, calib: CalibrationData | None, measure:
 def measure_sensitivity(func, layers, quant, calib, metric: str, probe_bits: int | None) -> dict[str, float]:
     """Per layer: the model output error with that layer alone quantized (at ``probe_bits``, else
     at its configured settings), over ``calib``.  Layers an override keeps are not measured."""
-    refs = [run_collecting(func, b) for b in calib.batches]
+    refs = [run_collecting(func, b, fast_matmul=True) for b in calib.batches]
     chosen = [layer_settings(quant, layer, probe_bits) for layer in layers]
     needs_x = any(s is not None and resolve_algorithm(s, True) in ("awq", "gptq") for s in chosen)
     xs = collect_inputs(func, layers, calib) if needs_x else None
@@ -345,7 +345,7 @@ def measure_sensitivity(func, layers, quant, calib, metric: str, probe_bits: int
         replaced = (wq.T if layer.trans_b else wq).astype(layer.const.value.dtype)
         errs = []
         for batch, ref in zip(calib.batches, refs, strict=True):
-            got = run_collecting(func, batch, replace={id(layer.const.result): replaced})
+            got = run_collecting(func, batch, replace={id(layer.const.result): replaced}, fast_matmul=True)
             errs.append((ref, got))
         out[layer.name] = _error(errs, metric)
     return out
@@ -398,7 +398,7 @@ def collect_inputs(func: Function, layers: list[Layer], calib: CalibrationData, 
         return see
 
     for batch in calib.batches:
-        run_collecting(func, batch, watch={k: watcher(k) for k in readers})
+        run_collecting(func, batch, watch={k: watcher(k) for k in readers}, fast_matmul=True)
     return stats
 
 
