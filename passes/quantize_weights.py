@@ -10,9 +10,10 @@ Guarantees a valid module computing, for every quantized layer, ``x @ dequant(W)
   column) and ``zero_point`` (the codes' dtype, the scale's shape, zeros when symmetric) —
   feeding ``mcp.dequantize {axis = K axis, block_size = group size}`` whose result is the
   matmul's ``b`` (so a ``trans_b`` matmul keeps reading an (N, K) weight);
-* a ``mcp.gather`` of a tied embedding (the table the LM head reads transposed) gathers the
-  codes, scales and zero points of the rows it reads and dequantizes those rows only: the table
-  is stored once, quantized;
+* a ``mcp.gather`` of a tied embedding (the table the LM head reads transposed) reads the same
+  ``mcp.dequantize`` of the table: the table is stored once, quantized (the backend's
+  ``fuse-dequantize-matmul`` rewrites ``gather(dequantize(table))`` of a row-blocked table into the
+  dequantize of the gathered rows, so a run dequantizes only the rows it reads);
 * AWQ's per-channel input scale ``s`` becomes ``x / s`` before the matmul (the weight quantized is
   ``diag(s) W``);
 * activation quantization (``activations.where``) is a ``mcp.quantize`` → ``mcp.dequantize`` pair
@@ -527,24 +528,13 @@ def _rewrite(func: Function, plan: _Plan, new_for_const, deq_of, observers, quan
 
 
 def _tied_gather(op: GatherOp, entry, rename) -> list[Operation]:
-    """``gather(table, ids)`` of a quantized tied table: gather its codes, scales and zero points
-    (row-blocked layout) and dequantize the gathered rows; or gather the dequantized table."""
-    deq, q, layer = entry
-    if not layer.trans_b:  # blocks run along the rows gathered: dequantize the table, then gather
-        new = GatherOp([deq, op.operands[1]], dict(op.attrs), loc=op.loc)
-        rename[id(op.result)] = new.result
-        return [new]
-    codes, scale, zp = deq.owner.operands
-    ids = op.operands[1]
-    gathered = [GatherOp([v, ids], {"axis": 0}, loc=op.loc) for v in (codes, scale, zp)]
-    rank = gathered[0].result.type.rank
-    out = DequantizeOp(
-        [g.result for g in gathered],
-        {"axis": rank - 1, "block_size": q.block, "out": op.result.type.dtype},
-        loc=op.loc,
-    )
-    rename[id(op.result)] = out.result
-    return [*gathered, out]
+    """``gather(table, ids)`` of a quantized tied table reads the table's dequantize: the codes are
+    stored once.  (The backend's ``fuse-dequantize-matmul`` turns ``gather(dequantize(rows))`` of a
+    row-blocked table into the dequantize of the gathered rows, so only they are dequantized.)"""
+    deq, _q, _layer = entry
+    new = GatherOp([deq, op.operands[1]], dict(op.attrs), loc=op.loc)
+    rename[id(op.result)] = new.result
+    return [new]
 
 
 def _quantize_activation(op, x, observer, quant, new_ops, done, rows) -> Value:
