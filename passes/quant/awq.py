@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .calib import InputStats, output_error
+from .calib import InputStats
 from .core import F32, QuantizedWeight, QuantSpec, check_weight, grouped, make_weight
 from .rtn import DEFAULT_MSE_GRID, clip_search
 
@@ -75,12 +75,14 @@ def quantize_awq(
     positive = mag > 0
     floor = mag[positive].min() if positive.any() else 1.0
     mag = np.where(positive, mag, floor)  # a channel never seen active keeps the smallest scale
+    h32 = hess.astype(F32)
     best = None
     for alpha in sorted({0.0, *(float(a) for a in alphas)}):
         s = mag ** float(alpha)
         s = (s / np.sqrt(s.max() * s.min())).astype(F32)
         _, w_eff = _quantize_scaled(w, s, spec, hess, (1.0,))
-        err = output_error(w, w_eff, hess)
+        d = w - w_eff
+        err = float(np.sum((h32 @ d) * d, dtype=np.float64))  # trace(dW^T H dW), f32 products
         if best is None or err < best[0]:
             best = (err, s)
     s = best[1]

@@ -14,8 +14,9 @@ Symmetric (as ONNX Runtime's MatMulNBits quantizer): m = the group's element of 
 The extreme element lands exactly on -2^(bits-1), so all 2^bits levels are used; the price is that
 the scale carries the sign (negative when the extreme is positive).
 
-The scale is computed in f32, stored in ``scale_dtype`` and the codes are computed from the stored
-scale, so ``dequantize()`` is the best reconstruction the stored numbers allow.  A group whose stored
+The scale is computed in f32, stored in ``scale_dtype`` (f16/bf16: rounded up in magnitude, so the
+grid still covers the group's range) and the codes are computed from the stored scale, so
+``dequantize()`` is the best reconstruction the stored numbers allow.  A group whose stored
 scale would be 0 (all-zero group, or a range below the scale dtype's resolution) gets the dtype's
 smallest normal scale instead: every scale is finite and non-zero.
 
@@ -204,8 +205,13 @@ def qparams(
         scale_f = ((hi - lo) / F32((1 << spec.bits) - 1)).astype(F32)
     sdt = SCALE_DTYPES[spec.scale_dtype]
     finfo = ml_dtypes.finfo(sdt)
-    with np.errstate(over="ignore"):
-        stored = np.clip(scale_f, -F32(finfo.max), F32(finfo.max)).astype(sdt)
+    stored = np.clip(scale_f, -F32(finfo.max), F32(finfo.max)).astype(sdt)
+    if sdt.itemsize == 2:
+        # rounded up in magnitude (one step of the 16-bit pattern, sign-magnitude): the grid always
+        # covers the group's range, even where f16/bf16 keep few mantissa bits (bf16, subnormals)
+        short = np.abs(stored.astype(F32)) < np.abs(scale_f)
+        stored = np.where(short, stored.view(np.uint16) + np.uint16(1), stored.view(np.uint16)).view(sdt)
+        stored = np.where(np.isinf(stored.astype(F32)), np.copysign(finfo.max, scale_f).astype(sdt), stored)
     stored = np.where(stored == 0, np.asarray(finfo.smallest_normal, sdt), stored).astype(sdt)
     s32 = stored.astype(F32)
     zp = None

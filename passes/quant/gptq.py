@@ -38,22 +38,33 @@ from .core import (
     qparams,
     quantize_values,
 )
+from .rtn import DEFAULT_MSE_GRID, clip_search
 
 
 def _inverse_cholesky(h: np.ndarray, damp: float) -> np.ndarray:
-    """Upper Cholesky factor of (H + damp*mean(diag)*I)^-1; the damping grows tenfold (up to 4 times)
-    when H is not positive definite in floating point."""
+    """Upper triangular U (f32) with U^T U = (H + damp*mean(diag)*I)^-1; the damping grows tenfold
+    (up to 4 times) when H is not positive definite in floating point.
+
+    One Cholesky factorisation and one triangular solve, in f32 (as GPTQ implementations run; the
+    damping keeps H well conditioned): with R the index reversal and R H R = L L^T,
+    U = R L^-1 R is upper triangular and U^T U = R L^-T L^-1 R = H^-1.
+    """
     k = h.shape[0]
     mean_diag = float(np.mean(np.diag(h))) or 1.0
     d = float(damp)
+    eye = np.eye(k, dtype=F32)
     for _ in range(5):
+        hd = h[::-1, ::-1].astype(F32)  # a reversed copy, contiguous
+        hd[np.diag_indices(k)] += F32(d * mean_diag)
         try:
-            hd = h + (d * mean_diag) * np.eye(k)
-            low = scipy.linalg.cholesky(hd, lower=True)
-            hinv = scipy.linalg.cho_solve((low, True), np.eye(k))
-            return scipy.linalg.cholesky(hinv, lower=False)
+            low = scipy.linalg.cholesky(hd, lower=True, check_finite=False)
+            inv = scipy.linalg.solve_triangular(low, eye, lower=True, check_finite=False)
         except np.linalg.LinAlgError:
             d = max(d * 10.0, 1e-6)
+            continue
+        if np.all(np.isfinite(inv)):
+            return np.ascontiguousarray(inv[::-1, ::-1])
+        d = max(d * 10.0, 1e-6)
     raise ValueError("the calibration Hessian is not positive definite even with heavy damping")
 
 
@@ -65,10 +76,15 @@ def quantize_gptq(
     damp: float = 0.01,
     block: int = 128,
     hessian: np.ndarray | None = None,
+    clip_grid=DEFAULT_MSE_GRID,
 ) -> QuantizedWeight:
     """GPTQ-quantize ``w`` (K, N) given its inputs ``x_calib`` ((..., K) array or ``InputStats``) or
     the second moment ``hessian`` = E[x^T x] (K, K).  Codes and groups in natural K order (module
     docstring); ``perm`` is the act-order visiting order when ``desc_act``.
+
+    ``clip_grid``: range shrink factors searched for each group's scale and zero point, scored by the
+    group's share of the output error (``rtn.clip_search``, default grid 1.0 .. 0.6); ``(1.0,)`` keeps
+    each group's full range, as the GPTQ paper does.
 
     Cost: one K x K Cholesky inversion plus K row steps, each an (at most ``block``) x N update, and
     a (K, block) x (block, N) product per block: about 2 K^2 N flops, as a matmul of the layer on K
@@ -100,10 +116,19 @@ def quantize_gptq(
     zps = None if spec.symmetric else np.empty((n_groups, n), np.uint8)
     s32 = np.empty((n_groups, n), F32)
 
+    clip_grid = tuple(float(p) for p in clip_grid)
+    h_nat = h  # natural order, for the clipping search's group blocks
+
     def set_group(gi: int, rows: np.ndarray) -> None:
-        lo, hi = group_range(rows[None].astype(F32), spec)
-        st, zp, s = qparams(lo[0], hi[0], spec)
-        stored[gi], s32[gi] = st, s
+        if len(clip_grid) > 1:
+            r0 = gi * g
+            hb = h_nat[r0 : r0 + rows.shape[0], r0 : r0 + rows.shape[0]].astype(F32)
+            st, zp, _ = clip_search(rows[None].astype(F32), spec, clip_grid, hb[None])
+            st, zp = st[0], None if zp is None else zp[0]
+        else:
+            lo, hi = group_range(rows[None].astype(F32), spec)
+            st, zp, _ = qparams(lo[0], hi[0], spec)
+        stored[gi], s32[gi] = st, st.astype(F32)
         if zps is not None:
             zps[gi] = zp
 
@@ -116,7 +141,7 @@ def quantize_gptq(
         perm = np.arange(k)
     h = h[np.ix_(perm, perm)]
     u = _inverse_cholesky(h, damp)
-    wp = w[perm].astype(np.float64)
+    wp = w[perm]  # f32, updated in place
     codes = np.empty((k, n), spec.code_dtype)
 
     for i1 in range(0, k, block):
@@ -132,10 +157,10 @@ def quantize_gptq(
                 rows = np.concatenate([w1[i:], wp[i2:]])[:g] if nat + g > i2 else w1[i : i + g]
                 set_group(gi, rows[: min(g, k - nat)])
             zp = None if zps is None else zps[gi]
-            wrow = w1[i].astype(F32)
+            wrow = w1[i]
             q = quantize_values(wrow, s32[gi], zp, spec)
             codes[nat] = q
-            e = (wrow - dequantize_values(q, s32[gi], zp)).astype(np.float64) / u1[i, i]
+            e = (wrow - dequantize_values(q, s32[gi], zp)) / u1[i, i]
             w1[i + 1 :] -= np.outer(u1[i, i + 1 :], e)
             err1[i] = e
         if i2 < k:

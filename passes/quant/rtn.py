@@ -75,7 +75,8 @@ def clip_search(wg: np.ndarray, spec: QuantSpec, grid, hblocks: np.ndarray | Non
         if hblocks is None:
             err = np.square(d).sum(axis=1)  # (G, N)
         else:
-            err = (np.matmul(hblocks, d) * d).sum(axis=1)
+            # einsum, not matmul: many tiny products, where a threaded BLAS call costs more than it does
+            err = (np.einsum("gij,gjn->gin", hblocks, d) * d).sum(axis=1)
         if best is None:
             best = [err, stored, zp, codes]
             continue

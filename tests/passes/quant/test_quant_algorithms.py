@@ -45,10 +45,22 @@ def test_gptq_beats_rtn_on_calibration_output_error(spec):
     assert output_error(w, q, h) == pytest.approx(direct, rel=1e-4)
 
 
+def test_gptq_clip_search_lowers_the_output_error():
+    w, x = _problem(k=128, n=48, t=1024)
+    stats = InputStats.of(x)
+    spec = QuantSpec(4, 32, False, "f16")
+    for desc_act in (False, True):
+        full = quantize_gptq(w, stats, spec, desc_act=desc_act, clip_grid=(1.0,))
+        searched = quantize_gptq(w, stats, spec, desc_act=desc_act)
+        assert np.any(searched.scales != full.scales)
+        e_full = output_error(w, full.dequantize(), stats.hessian)
+        assert output_error(w, searched.dequantize(), stats.hessian) < 0.95 * e_full
+
+
 def test_gptq_act_order_keeps_static_natural_groups():
     w, x = _problem(k=96, n=40)
     spec = QuantSpec(4, 32, False, "f16")
-    q = quantize_gptq(w, x, spec, desc_act=True, block=32)
+    q = quantize_gptq(w, x, spec, desc_act=True, block=32, clip_grid=(1.0,))
     h = InputStats.of(x).hessian
     np.testing.assert_array_equal(q.perm, np.argsort(-np.diag(h), kind="stable"))
     rtn = quantize_rtn(w, spec)  # static groups: the natural groups' parameters of the original weight
@@ -66,7 +78,7 @@ def test_gptq_with_uncorrelated_inputs_is_rtn():
     h[5, 5] = 0.0  # a channel never active
     for spec in SPECS:
         for desc_act in (False, True):
-            q = quantize_gptq(w, None, spec, desc_act=desc_act, hessian=h, block=16)
+            q = quantize_gptq(w, None, spec, desc_act=desc_act, hessian=h, block=16, clip_grid=(1.0,))
             r = quantize_rtn(w, spec)
             np.testing.assert_array_equal(q.codes, r.codes)
             np.testing.assert_array_equal(q.scales, r.scales)
