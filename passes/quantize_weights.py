@@ -196,7 +196,8 @@ def quantize_weight(w: np.ndarray, settings, x: np.ndarray | None, where: str) -
     """Quantize the (K, N) f32 weight ``w`` with ``settings`` (a ``WeightQuant``); ``x`` the
     calibration inputs of its matmul(s) (an ``InputStats`` or a (rows, K) array), or None."""
     k = w.shape[0]
-    block = settings.group_size or k
+    group = settings.group_size if settings.group_size < k else 0  # a group of >= K rows: one group
+    block = group or k
     algorithm = resolve_algorithm(settings, x is not None)
     if algorithm == "fp8":
         return _quantize_fp8(w, settings, block)
@@ -204,7 +205,7 @@ def quantize_weight(w: np.ndarray, settings, x: np.ndarray | None, where: str) -
         raise PassError(f"quantize-weights: {where}: algorithm {algorithm} needs calibration data")
     spec = _algos().QuantSpec(
         bits=settings.bits,
-        group_size=settings.group_size,
+        group_size=group,
         symmetric=settings.symmetric,
         scale_dtype=settings.scale_dtype,
         rounding=settings.rounding,
@@ -595,8 +596,14 @@ class QuantizeWeightsPass(Pass):
             "calibration": None if calib is None else {"source": calib.source, "samples": calib.samples},
             "functions": {},
         }
+        if calib is not None and len(module.functions) > 1:
+            raise UnsupportedError(
+                f"quantize-weights: calibration of a module with several functions "
+                f"({', '.join('@' + f for f in module.functions)}) is not implemented yet; quantize "
+                "without calibration data (algorithm rtn or mse) or calibrate a single-function build"
+            )
         for func in module.functions.values():
-            data = calib if calib is not None and len(module.functions) == 1 else None
+            data = calib
             report["functions"][func.name], detail = quantize_function(func, quant, data, measure, kept)
             ctx.notes.setdefault("quantized_arrays", {})[func.name] = detail
         ctx.notes["quantization"] = report
