@@ -332,7 +332,14 @@ def plan_function(func: Function, quant, calib: CalibrationData | None, measure:
 def measure_sensitivity(func, layers, quant, calib, metric: str, probe_bits: int | None) -> dict[str, float]:
     """Per layer: the model output error with that layer alone quantized (at ``probe_bits``, else
     at its configured settings), over ``calib``.  Layers an override keeps are not measured."""
-    refs = [run_collecting(func, b, fast_matmul=True) for b in calib.batches]
+    envs: list[dict] = [{} for _ in calib.batches]  # every value of the float runs, to resume from
+    refs = [
+        run_collecting(func, b, fast_matmul=True, keep=e) for b, e in zip(calib.batches, envs, strict=True)
+    ]
+    first_use = {}
+    for j, op in enumerate(func.ops):
+        for v in op.operands:
+            first_use.setdefault(id(v), j)
     chosen = [layer_settings(quant, layer, probe_bits) for layer in layers]
     needs_x = any(s is not None and resolve_algorithm(s, True) in ("awq", "gptq") for s in chosen)
     xs = collect_inputs(func, layers, calib) if needs_x else None
@@ -346,8 +353,12 @@ def measure_sensitivity(func, layers, quant, calib, metric: str, probe_bits: int
         wq = q.dequantize()
         replaced = (wq.T if layer.trans_b else wq).astype(layer.const.value.dtype)
         errs = []
-        for batch, ref in zip(calib.batches, refs, strict=True):
-            got = run_collecting(func, batch, replace={id(layer.const.result): replaced}, fast_matmul=True)
+        key = id(layer.const.result)
+        for batch, ref, env in zip(calib.batches, refs, envs, strict=True):
+            # the ops before the weight's first use compute what the float run did: resume there
+            got = run_collecting(
+                func, batch, fast_matmul=True, start=first_use[key], env={**env, key: replaced}
+            )
             errs.append((ref, got))
         out[layer.name] = _error(errs, metric)
     return out

@@ -244,3 +244,22 @@ GOLDEN = """module @m {
   }
 }
 """  # noqa: E501 - IR text
+
+
+def test_a_resumed_run_equals_a_full_run_with_the_weight_replaced():
+    """Sensitivity resumes the float run at a weight's first use: the same outputs as running the
+    whole function with that weight replaced."""
+    module = PassManager(build_pipeline("fold-constants")).run(import_onnx(tiny_lm()))
+    func = module.main
+    feeds = _feeds()
+    env: dict = {}
+    ref = run_collecting(func, feeds, keep=env)
+    assert np.array_equal(ref[0], interpret(module, feeds)["logits"])
+    for layer in find_layers(func):
+        key = id(layer.const.result)
+        other = (layer.const.value * np.float32(1.01)).astype(np.float32)
+        first = min(i for i, op in enumerate(func.ops) if any(id(v) == key for v in op.operands))
+        full = run_collecting(func, feeds, replace={key: other})
+        resumed = run_collecting(func, feeds, start=first, env={**env, key: other})
+        np.testing.assert_array_equal(full[0], resumed[0])
+        assert not np.array_equal(full[0], ref[0])
