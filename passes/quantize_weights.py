@@ -35,20 +35,14 @@ from typing import Any, ClassVar
 import ml_dtypes
 import numpy as np
 
-from mcpc.arch import numerics as nx
 from mcpc.errors import PassError, UnsupportedError
 from mcpc.ir.core import Function, Module, Operation, Value
 from mcpc.ir.ops import ConstantOp, DequantizeOp, DivOp, GatherOp, MatMulOp, QuantizeOp
 from mcpc.passes.calibration import CalibrationData, run_collecting
 from mcpc.passes.manager import Pass, PassContext, register_pass
+from mcpc.passes.weight_quantizer import QuantResult, _algos, quantize_weight, resolve_algorithm
 
 F32 = np.float32
-INT_CODE_TYPES = {
-    ("i", 4): ml_dtypes.int4,
-    ("u", 4): ml_dtypes.uint4,
-    ("i", 8): np.int8,
-    ("u", 8): np.uint8,
-}
 
 
 # -- finding the layers ------------------------------------------------------------------------------
@@ -140,122 +134,6 @@ def layer_settings(quant, layer: Layer, bits: int | None = None):
     return None if keep else settings
 
 
-# -- quantizing one weight ---------------------------------------------------------------------------
-@dataclass
-class QuantResult:
-    """A quantized (K, N) weight as the IR stores it, before the layout change."""
-
-    codes: np.ndarray  # (K, N) in the IR code dtype
-    scales: np.ndarray  # (G, N) f16/f32
-    zero_points: np.ndarray  # (G, N), the codes' dtype
-    block: int
-    algorithm: str
-    in_scale: np.ndarray | None = None  # AWQ: the matmul reads x / in_scale
-
-    def dequantize(self) -> np.ndarray:
-        """f32 (K, N): exactly what the IR dequantize op computes."""
-        k, n = self.codes.shape
-        s = nx.expand_qparam(self.scales, (k, n), 0, self.block)
-        z = nx.expand_qparam(self.zero_points, (k, n), 0, self.block)
-        return nx.dequantize(self.codes, s, z, "f32")
-
-    @property
-    def nbytes(self) -> int:
-        return sum(_stored_bytes(a) for a in (self.codes, self.scales, self.zero_points))
-
-
-def _stored_bytes(a: np.ndarray) -> int:
-    from mcpc.ir.dtypes import dtype_from_numpy
-
-    return dtype_from_numpy(a.dtype).storage_bytes(a.size)
-
-
-def _algos():
-    from mcpc.passes import quant
-
-    return quant
-
-
-def _algorithm(name: str):
-    fn = getattr(_algos(), f"quantize_{name}", None)
-    if fn is None:
-        raise UnsupportedError(f"quantize-weights: algorithm {name} is not available in this build of mcpc")
-    return fn
-
-
-def resolve_algorithm(settings, have_data: bool) -> str:
-    """``auto`` is GPTQ with calibration data, else the data-free clipping search ``mse``."""
-    if settings.format == "f8e4m3fn":
-        return "fp8"
-    if settings.algorithm == "auto":
-        return "gptq" if have_data else "mse"
-    return settings.algorithm
-
-
-def quantize_weight(w: np.ndarray, settings, x: np.ndarray | None, where: str) -> QuantResult:
-    """Quantize the (K, N) f32 weight ``w`` with ``settings`` (a ``WeightQuant``); ``x`` the
-    calibration inputs of its matmul(s) (an ``InputStats`` or a (rows, K) array), or None."""
-    k = w.shape[0]
-    group = settings.group_size if settings.group_size < k else 0  # a group of >= K rows: one group
-    block = group or k
-    algorithm = resolve_algorithm(settings, x is not None)
-    if algorithm == "fp8":
-        return _quantize_fp8(w, settings, block)
-    if algorithm in ("awq", "gptq") and x is None:
-        raise PassError(f"quantize-weights: {where}: algorithm {algorithm} needs calibration data")
-    spec = _algos().QuantSpec(
-        bits=settings.bits,
-        group_size=group,
-        symmetric=settings.symmetric,
-        scale_dtype=settings.scale_dtype,
-        rounding=settings.rounding,
-    )
-    in_scale = None
-    if algorithm == "gptq":
-        qw = _algorithm("gptq")(w, x, spec, desc_act=settings.desc_act)
-    elif algorithm == "awq":
-        qw, in_scale = _algorithm("awq")(w, x, spec)
-        in_scale = np.asarray(in_scale, F32)
-    else:
-        qw = _algorithm(algorithm)(w, spec)
-    sign = "i" if settings.symmetric else "u"
-    code_type = INT_CODE_TYPES[(sign, 4 if settings.bits == 4 else 8)]
-    codes = np.asarray(qw.codes).astype(np.int64)
-    lo, hi = (
-        (-(1 << (settings.bits - 1)), (1 << (settings.bits - 1)) - 1)
-        if settings.symmetric
-        else (0, (1 << settings.bits) - 1)
-    )
-    if codes.min(initial=0) < lo or codes.max(initial=0) > hi:
-        raise PassError(f"quantize-weights: {where}: {algorithm} produced codes outside [{lo}, {hi}]")
-    zp = (
-        np.zeros(qw.scales.shape, np.int64)
-        if qw.zero_points is None
-        else np.asarray(qw.zero_points, np.int64)
-    )
-    result = QuantResult(
-        codes.astype(code_type), np.asarray(qw.scales), zp.astype(code_type), block, qw.algorithm, in_scale
-    )
-    if not np.array_equal(result.dequantize(), np.asarray(qw.dequantize(), F32), equal_nan=True):
-        raise PassError(f"quantize-weights: {where}: the stored codes do not reproduce {algorithm}'s weight")
-    return result
-
-
-def _quantize_fp8(w: np.ndarray, settings, block: int) -> QuantResult:
-    """fp8 e4m3 codes: one scale per group mapping its largest magnitude to 448 (saturating cast)."""
-    k, n = w.shape
-    groups = -(-k // block)
-    pad = np.zeros((groups * block - k, n), F32)
-    amax = np.abs(np.concatenate([w, pad])).reshape(groups, block, n).max(axis=1)
-    sdt = np.float16 if settings.scale_dtype == "f16" else np.float32
-    scales = (amax / F32(448.0)).astype(sdt)
-    tiny = np.finfo(sdt).smallest_normal
-    scales = np.where(scales == 0, sdt(tiny), scales).astype(sdt)
-    zeros = np.zeros((groups, n), ml_dtypes.float8_e4m3fn)
-    codes = nx.quantize(w, nx.expand_qparam(scales, (k, n), 0, block), np.zeros((), np.float32), "f8e4m3fn")
-    return QuantResult(codes, scales, zeros, block, "fp8")
-
-
 # -- the pass ----------------------------------------------------------------------------------------
 def _const(value: np.ndarray, loc: str | None) -> ConstantOp:
     return ConstantOp([], {"value": np.asarray(value, order="C")}, loc=loc)
@@ -312,6 +190,8 @@ def plan_function(func: Function, quant, calib: CalibrationData | None, measure:
         samples = sens_cfg.samples if sens_cfg is not None else 8
         metric = sens_cfg.metric if sens_cfg is not None else "rel_l2"
         probe = 6 if sens_cfg is not None else None
+        from mcpc.passes.sensitivity import measure_sensitivity
+
         sensitivity = measure_sensitivity(func, layers, quant, calib.limited(samples), metric, probe)
         if sens_cfg is not None:
             t = sens_cfg.thresholds
@@ -327,58 +207,6 @@ def plan_function(func: Function, quant, calib: CalibrationData | None, measure:
     elif quant.activations.where == "all":
         act = [m for layer, s in zip(layers, settings, strict=True) if s is not None for m in layer.matmuls]
     return _Plan(layers, settings, act, sensitivity)
-
-
-def measure_sensitivity(func, layers, quant, calib, metric: str, probe_bits: int | None) -> dict[str, float]:
-    """Per layer: the model output error with that layer alone quantized (at ``probe_bits``, else
-    at its configured settings), over ``calib``.  Layers an override keeps are not measured."""
-    envs: list[dict] = [{} for _ in calib.batches]  # every value of the float runs, to resume from
-    refs = [
-        run_collecting(func, b, fast_matmul=True, keep=e) for b, e in zip(calib.batches, envs, strict=True)
-    ]
-    first_use = {}
-    for j, op in enumerate(func.ops):
-        for v in op.operands:
-            first_use.setdefault(id(v), j)
-    chosen = [layer_settings(quant, layer, probe_bits) for layer in layers]
-    needs_x = any(s is not None and resolve_algorithm(s, True) in ("awq", "gptq") for s in chosen)
-    xs = collect_inputs(func, layers, calib) if needs_x else None
-    out: dict[str, float] = {}
-    for i, (layer, settings) in enumerate(zip(layers, chosen, strict=True)):
-        if settings is None:
-            continue
-        w = _kn(layer)
-        x = xs[i] if xs is not None else None
-        q = quantize_weight(w, settings, x, layer.name)
-        wq = q.dequantize()
-        replaced = (wq.T if layer.trans_b else wq).astype(layer.const.value.dtype)
-        errs = []
-        key = id(layer.const.result)
-        for batch, ref, env in zip(calib.batches, refs, envs, strict=True):
-            # the ops before the weight's first use compute what the float run did: resume there
-            got = run_collecting(
-                func, batch, fast_matmul=True, start=first_use[key], env={**env, key: replaced}
-            )
-            errs.append((ref, got))
-        out[layer.name] = _error(errs, metric)
-    return out
-
-
-def _error(pairs, metric: str) -> float:
-    num = den = dot = nr = ng = 0.0
-    for ref, got in pairs:
-        for r, g in zip(ref, got, strict=True):
-            if not np.issubdtype(r.dtype, np.floating) and r.dtype.kind != "V":
-                continue
-            r64, g64 = np.asarray(r, np.float64).ravel(), np.asarray(g, np.float64).ravel()
-            num += float(np.sum((g64 - r64) ** 2))
-            den += float(np.sum(r64**2))
-            dot += float(r64 @ g64)
-            nr += float(r64 @ r64)
-            ng += float(g64 @ g64)
-    if metric == "cosine":
-        return 1.0 - dot / max(np.sqrt(nr * ng), 1e-300)
-    return float(np.sqrt(num / max(den, 1e-300)))
 
 
 def _kn(layer: Layer) -> np.ndarray:
