@@ -6,7 +6,7 @@ zero points) for a (K, N) weight used as ``x @ W``; ``quantize_rtn``, ``quantize
 Formulas and costs: docs/quantization.md.
 """
 
-from .awq import DEFAULT_ALPHAS, quantize_awq
+from .awq import DEFAULT_ALPHAS, quantize_awq, quantize_awq_gptq
 from .calib import InputStats, output_error
 from .core import (
     ROUNDING_MODES,
@@ -24,6 +24,7 @@ __all__ = [
     "InputStats",
     "output_error",
     "quantize_awq",
+    "quantize_awq_gptq",
     "quantize_gptq",
     "DEFAULT_MSE_GRID",
     "EmaObserver",

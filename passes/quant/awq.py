@@ -15,7 +15,7 @@ How the quantization pass must use the returned ``s`` (K,):  the stored weight i
 ``x``: a LayerNorm/RMSNorm's gain (and bias) ``gamma / s``, ``beta / s``; a preceding linear's output
 columns (and bias); otherwise insert an elementwise multiply by ``1/s``.  Weights that share one
 input (Q, K and V after one LayerNorm) must share one ``s``: quantize them concatenated along N
-(``np.concatenate([Wq, Wk, Wv], axis=1)``), then split the codes/scales columns back.
+(``np.concatenate([Wq, Wk, Wv], axis=1)``), then split with ``QuantizedWeight.columns``.
 """
 
 from __future__ import annotations
@@ -87,4 +87,30 @@ def quantize_awq(
             best = (err, s)
     s = best[1]
     qw, _ = _quantize_scaled(w, s, spec, hess, tuple(clip_grid))
+    return qw, s
+
+
+def quantize_awq_gptq(
+    w: np.ndarray,
+    x_calib,
+    spec: QuantSpec,
+    desc_act: bool = True,
+    alphas=DEFAULT_ALPHAS,
+    **gptq_options,
+) -> tuple[QuantizedWeight, np.ndarray]:
+    """AWQ's smoothing scale, then GPTQ on the scaled weight: ``(GPTQ of diag(s) W, s)``.
+
+    ``s`` is chosen as in ``quantize_awq`` (RTN candidates, no clip search); GPTQ then runs on
+    ``W' = diag(s) W`` with the Hessian of the scaled input ``x / s``, ``H' = diag(1/s) H diag(1/s)``.
+    The pass applies ``s`` exactly as for ``quantize_awq``.  ``gptq_options`` go to ``quantize_gptq``
+    (``damp``, ``block``, ``clip_grid``).
+    """
+    from .gptq import quantize_gptq
+
+    w = check_weight(w)
+    stats = InputStats.of(x_calib)
+    _, s = quantize_awq(w, stats, spec, alphas=alphas, clip_grid=(1.0,))
+    h = stats.hessian / np.outer(s, s)
+    qw = quantize_gptq((w * s[:, None]).astype(F32), None, spec, desc_act=desc_act, hessian=h, **gptq_options)
+    qw.algorithm = "awq+gptq"
     return qw, s

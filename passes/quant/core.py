@@ -16,9 +16,9 @@ the scale carries the sign (negative when the extreme is positive).
 
 The scale is computed in f32, stored in ``scale_dtype`` (f16/bf16: rounded up in magnitude, so the
 grid still covers the group's range) and the codes are computed from the stored scale, so
-``dequantize()`` is the best reconstruction the stored numbers allow.  A group whose stored
-scale would be 0 (all-zero group, or a range below the scale dtype's resolution) gets the dtype's
-smallest normal scale instead: every scale is finite and non-zero.
+``dequantize()`` is the best reconstruction the stored numbers allow.  An all-zero group gets the
+dtype's smallest normal scale (its codes dequantize to exact zeros); a range below the dtype's
+resolution rounds up to its smallest subnormal: every scale is finite and non-zero.
 
 Two rounding modes, both through ``round_to_int``:
 * ``half_even`` (default): ONNX QuantizeLinear's arithmetic, ``q = rint(w / scale) + zp`` (the f32
@@ -125,6 +125,20 @@ class QuantizedWeight:
             zp = numerics.expand_qparam(zp, (k, n), 0, g)
         return numerics.dequantize(self.codes, scale, zp, "f32")
 
+    def columns(self, start: int, stop: int) -> QuantizedWeight:
+        """The output columns ``start:stop`` as their own QuantizedWeight (groups run along K, so a
+        column slice is exact): splits weights quantized together, e.g. Q, K and V sharing one AWQ
+        scale."""
+        zp = None if self.zero_points is None else self.zero_points[:, start:stop].copy()
+        return QuantizedWeight(
+            self.codes[:, start:stop].copy(),
+            self.scales[:, start:stop].copy(),
+            zp,
+            self.spec,
+            self.algorithm,
+            None if self.perm is None else self.perm.copy(),
+        )
+
     def bits_per_weight(self) -> float:
         """(codes + scales + zero points) bits / (K*N); zero points are stored at ``spec.bits`` each."""
         k, n = self.codes.shape
@@ -136,20 +150,24 @@ class QuantizedWeight:
         return bits / (k * n)
 
 
-def round_to_int(x, mode: str = "half_even") -> np.ndarray:
+def round_to_int(x, mode: str = "half_even", out: np.ndarray | None = None) -> np.ndarray:
     """``x`` rounded to integral values (same float dtype; callers clip, then cast).
 
     ``half_even``: ties to the even neighbour (numpy ``rint``, ONNX QuantizeLinear).
     ``half_away``: ties away from zero (C ``roundf``, ONNX Runtime's block quantizer).
-    NaN stays NaN.
+    NaN stays NaN.  ``out``: an array to round into (``x`` itself for in place).
     """
     x = np.asarray(x)
     if mode == "half_even":
-        return np.rint(x)
+        return np.rint(x, out=out)
     if mode == "half_away":
         t = np.trunc(x)
         frac = x - t  # exact: x and trunc(x) share the exponent range
-        return np.where(np.abs(frac) >= 0.5, t + np.sign(x), t)
+        r = np.where(np.abs(frac) >= 0.5, t + np.sign(x), t)
+        if out is None:
+            return r
+        out[...] = r
+        return out
     raise ValueError(f"rounding must be one of {', '.join(ROUNDING_MODES)}, got {mode!r}")
 
 
@@ -226,28 +244,37 @@ def qparams(
     return stored, zp, s32
 
 
-def quantize_values(w: np.ndarray, s32: np.ndarray, zp: np.ndarray | None, spec: QuantSpec) -> np.ndarray:
-    """Codes of ``w`` with scales ``s32`` (f32) and zero points broadcast against it, clipped to the
-    spec's range, in ``spec.code_dtype``; the arithmetic of ``spec.rounding`` (module docstring)."""
+def quantize_float(w: np.ndarray, s32: np.ndarray, zp: np.ndarray | None, spec: QuantSpec) -> np.ndarray:
+    """Codes of ``w`` as integral f32 values: scales ``s32`` (f32) and zero points broadcast against
+    ``w``, clipped to the spec's range; the arithmetic of ``spec.rounding`` (module docstring)."""
     if spec.rounding == "half_away":
         z = F32(1 << (spec.bits - 1)) if zp is None else zp.astype(F32)
         with np.errstate(divide="ignore"):
-            recip = (F32(1) / s32).astype(F32)
-        u = round_to_int((w * recip).astype(F32) + z, "half_away")
-        u = np.clip(u, 0, (1 << spec.bits) - 1)
+            recip = np.divide(F32(1), s32, dtype=F32)
+        u = np.multiply(w, recip, dtype=F32)
+        u += z
+        u = round_to_int(u, "half_away")
+        np.clip(u, 0, (1 << spec.bits) - 1, out=u)
         if zp is None:
-            u = u - F32(1 << (spec.bits - 1))
-        return u.astype(spec.code_dtype)
-    q = round_to_int(np.divide(w, s32, dtype=F32), "half_even")
+            u -= F32(1 << (spec.bits - 1))
+        return u
+    q = np.divide(w, s32, dtype=F32)
+    round_to_int(q, "half_even", out=q)
     if zp is not None:
-        q = q + zp.astype(F32)
-    return np.clip(q, spec.qmin, spec.qmax).astype(spec.code_dtype)
+        q += zp.astype(F32)
+    return np.clip(q, spec.qmin, spec.qmax, out=q)
+
+
+def quantize_values(w: np.ndarray, s32: np.ndarray, zp: np.ndarray | None, spec: QuantSpec) -> np.ndarray:
+    """``quantize_float`` in ``spec.code_dtype``."""
+    return quantize_float(w, s32, zp, spec).astype(spec.code_dtype)
 
 
 def dequantize_values(q: np.ndarray, s32: np.ndarray, zp: np.ndarray | None) -> np.ndarray:
-    """f32 ``(q - zp) * s`` (the dequantize op's arithmetic) for broadcastable arrays."""
-    d = q.astype(F32) if zp is None else q.astype(F32) - zp.astype(F32)
-    return (d * s32).astype(F32)
+    """f32 ``(q - zp) * s`` (the dequantize op's arithmetic) for broadcastable arrays; ``q`` integer
+    codes or their integral f32 values."""
+    d = np.asarray(q, dtype=F32) if zp is None else np.subtract(q, zp, dtype=F32)
+    return np.multiply(d, s32, dtype=F32)
 
 
 def make_weight(

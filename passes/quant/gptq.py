@@ -29,6 +29,7 @@ import scipy.linalg
 from .calib import InputStats
 from .core import (
     F32,
+    SCALE_DTYPES,
     QuantizedWeight,
     QuantSpec,
     check_weight,
@@ -112,7 +113,7 @@ def quantize_gptq(
 
     g = spec.group_len(k) or 1
     n_groups = spec.groups(k)
-    stored = np.empty((n_groups, n), dtype=qparams(np.zeros(1, F32), np.zeros(1, F32), spec)[0].dtype)
+    stored = np.empty((n_groups, n), dtype=SCALE_DTYPES[spec.scale_dtype])
     zps = None if spec.symmetric else np.empty((n_groups, n), np.uint8)
     s32 = np.empty((n_groups, n), F32)
 
@@ -136,7 +137,7 @@ def quantize_gptq(
         perm = np.argsort(-np.diag(h), kind="stable")
         wg = grouped(w, spec)
         for gi in range(n_groups):
-            set_group(gi, wg[gi])
+            set_group(gi, wg[gi][: min(g, k - gi * g)])
     else:
         perm = np.arange(k)
     h = h[np.ix_(perm, perm)]
@@ -154,7 +155,7 @@ def quantize_gptq(
             nat = perm[row]
             gi = nat // g
             if not desc_act and nat % g == 0:
-                rows = np.concatenate([w1[i:], wp[i2:]])[:g] if nat + g > i2 else w1[i : i + g]
+                rows = np.concatenate([w1[i:], wp[i2 : nat + g]]) if nat + g > i2 else w1[i : i + g]
                 set_group(gi, rows[: min(g, k - nat)])
             zp = None if zps is None else zps[gi]
             wrow = w1[i]

@@ -18,6 +18,7 @@ from .core import (
     grouped,
     make_weight,
     qparams,
+    quantize_float,
     quantize_values,
 )
 
@@ -70,8 +71,9 @@ def clip_search(wg: np.ndarray, spec: QuantSpec, grid, hblocks: np.ndarray | Non
     for p in grid:
         stored, zp, s32 = qparams(lo * F32(p), hi * F32(p), spec)
         zpb = None if zp is None else zp[:, None, :]
-        codes = quantize_values(wg, s32[:, None, :], zpb, spec)
-        d = dequantize_values(codes, s32[:, None, :], zpb) - wg
+        codes = quantize_float(wg, s32[:, None, :], zpb, spec)
+        d = dequantize_values(codes, s32[:, None, :], zpb)
+        d -= wg
         if hblocks is None:
             err = np.square(d).sum(axis=1)  # (G, N)
         else:
@@ -86,4 +88,4 @@ def clip_search(wg: np.ndarray, spec: QuantSpec, grid, hblocks: np.ndarray | Non
         if zp is not None:
             best[2] = np.where(better, zp, best[2])
         best[3] = np.where(better[:, None, :], codes, best[3])
-    return best[1], best[2], best[3]
+    return best[1], best[2], best[3].astype(spec.code_dtype)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mcpc.passes.quant import (
     InputStats,
     QuantSpec,
     output_error,
     quantize_awq,
+    quantize_awq_gptq,
     quantize_gptq,
     quantize_mse,
     quantize_rtn,
@@ -121,6 +124,30 @@ def test_awq_beats_rtn_and_its_scale_is_applied_to_x(spec):
     assert np.corrcoef(np.log(s), np.log(mags))[0, 1] > 0.99
 
 
+def test_awq_then_gptq_beats_each_alone():
+    w, x = _problem(k=128, n=64, t=2048)
+    stats = InputStats.of(x)
+    spec = QuantSpec(4, 32, False, "f16")
+    q, s = quantize_awq_gptq(w, stats, spec)
+    assert q.algorithm == "awq+gptq" and q.perm is not None
+    both = output_error(w, q.dequantize() / s[:, None], stats.hessian)
+    gptq = output_error(w, quantize_gptq(w, stats, spec, desc_act=True).dequantize(), stats.hessian)
+    qa, sa = quantize_awq(w, stats, spec)
+    awq = output_error(w, qa.dequantize() / sa[:, None], stats.hessian)
+    assert both < 0.95 * min(gptq, awq)
+
+
+def test_awq_shared_input_weights_split_by_columns():
+    """Q, K, V after one LayerNorm share one s: quantize them side by side, split the columns."""
+    w, x = _problem(k=64, n=48, t=512)
+    spec = QuantSpec(4, 32, True, "f16")
+    q, s = quantize_awq(w, x, spec)
+    parts = [q.columns(0, 16), q.columns(16, 40), q.columns(40, 48)]
+    assert [p.codes.shape for p in parts] == [(64, 16), (64, 24), (64, 8)]
+    np.testing.assert_array_equal(np.concatenate([p.dequantize() for p in parts], axis=1), q.dequantize())
+    assert all(p.algorithm == "awq" and p.spec == spec for p in parts)
+
+
 def test_awq_with_alpha_zero_and_no_clip_is_rtn():
     w, x = _problem(k=64, n=16, t=256)
     spec = QuantSpec(4, 32, False, "f16")
@@ -153,3 +180,50 @@ def test_mse_never_worse_than_rtn_per_group(spec):
 def test_mse_refuses_bad_grid():
     with pytest.raises(ValueError, match="grid"):
         quantize_mse(np.ones((4, 4)), QuantSpec(), grid=(1.2,))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    spec=st.builds(
+        QuantSpec,
+        bits=st.integers(2, 8),
+        group_size=st.sampled_from([0, 5, 16, 32]),
+        symmetric=st.booleans(),
+        scale_dtype=st.sampled_from(["f32", "f16", "bf16"]),
+        rounding=st.sampled_from(["half_even", "half_away"]),
+    ),
+    k=st.integers(1, 40),
+    n=st.integers(1, 6),
+    desc_act=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_data_aware_results_are_well_formed(spec, k, n, desc_act, seed):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    w[rng.random((k, n)) < 0.2] = 0.0
+    x = rng.standard_normal((16, k)).astype(np.float32)
+    x[:, rng.random(k) < 0.2] = 0.0  # channels never active
+    groups = spec.groups(k)
+    g = spec.group_len(k)
+    for q in (
+        quantize_gptq(w, x, spec, desc_act=desc_act, block=7),
+        quantize_awq(w, x, spec)[0],
+        quantize_mse(w, spec),
+    ):
+        assert q.codes.shape == (k, n) and q.codes.dtype == spec.code_dtype
+        assert q.codes.min() >= spec.qmin and q.codes.max() <= spec.qmax
+        assert q.scales.shape == (groups, n)
+        s = q.scales.astype(np.float32)
+        assert np.all(np.isfinite(s)) and np.all(s != 0)
+        assert (q.zero_points is None) == spec.symmetric
+        assert np.all(np.isfinite(q.dequantize()))
+    q = quantize_gptq(w, x, spec, desc_act=desc_act, block=7)
+    if desc_act:
+        assert sorted(q.perm.tolist()) == list(range(k))
+    # GPTQ moves not-yet-quantized rows to absorb earlier errors, so its codes need not be within a
+    # step of the original weight; the clipping search's are (the weight it rounds is the original)
+    m = quantize_mse(w, spec)
+    se = np.abs(np.repeat(m.scales.astype(np.float32), g, axis=0)[:k])
+    assert np.all(np.abs(m.dequantize() - w) <= (2**spec.bits) * se + 1e-6)
+    _, s = quantize_awq(w, x, spec)
+    assert s.shape == (k,) and np.all(s > 0) and np.all(np.isfinite(s))
