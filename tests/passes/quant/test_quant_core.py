@@ -19,6 +19,10 @@ def test_round_to_int_ties():
     x = np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5, -3.5], np.float32)
     np.testing.assert_array_equal(round_to_int(x), [-2, -2, -0, 0, 2, 2, 4, -4])
     np.testing.assert_array_equal(round_to_int(x, "half_away"), [-3, -2, -1, 1, 2, 3, 4, -4])
+    for mode in ("half_even", "half_away"):  # in place gives the same values
+        y = x.copy()
+        assert round_to_int(y, mode, out=y) is y
+        np.testing.assert_array_equal(y, round_to_int(x, mode))
 
 
 def test_round_to_int_near_ties_and_specials():
