@@ -152,6 +152,8 @@ FIELD_DOCS: dict[str, str] = {
     "zp_ptr": "SRAM byte address of the zero points (0 = none)",
     "scale_ptr": "SRAM byte address of the per-group weight scales (0 = none)",
     "group_size": "elements of K sharing one scale (0 = one scale per tensor)",
+    "w_dtype": "dtype of the weight codes (i4/u4 packed two per byte, i8, u8)",
+    "s_dtype": "dtype of the weight scales (f16, bf16 or f32)",
 }
 
 
@@ -285,6 +287,17 @@ def _access_matmul(f: Mapping[str, Any]) -> list[Access]:
     bk, bn = (f["n"], f["k"]) if f["trans_b"] else (f["k"], f["n"])
     out = [*_regs(f, "m_reg"), _sram(f["a"], f["m"], f["k"], f["a_stride"], s)]
     out.append(_sram(f["b"], bk, bn, f["b_stride"], s))
+    if f["acc"]:
+        out.append(_sram(f["c"], f["m"], f["n"], f["c_stride"], 4))
+    return [*out, _sram(f["c"], f["m"], f["n"], f["c_stride"], 4, True)]
+
+
+def _access_matmul_w4a16(f: Mapping[str, Any]) -> list[Access]:
+    # the scale and zero-point tiles are read through the QParam pointers (known at run time)
+    sa, sw = _size(f["in_dtype"]), _size(f["w_dtype"])
+    bk, bn = (f["n"], f["k"]) if f["trans_b"] else (f["k"], f["n"])
+    out = [*_regs(f, "m_reg"), ("qparam", 0, 1, 1, 0, 1, False, 0)]
+    out += [_sram(f["a"], f["m"], f["k"], f["a_stride"], sa), _sram(f["b"], bk, bn, f["b_stride"], sw)]
     if f["acc"]:
         out.append(_sram(f["c"], f["m"], f["n"], f["c_stride"], 4))
     return [*out, _sram(f["c"], f["m"], f["n"], f["c_stride"], 4, True)]
@@ -453,18 +466,31 @@ _SPECS: list[InstrSpec] = [
           execute="compile_transpose", cost="vector_cost", access=_access_transpose,
           semantics="dst[c][r] = src[r][c] for r < rows, c < cols; elements are moved as raw "
           "`elem_bytes`-byte values."),
-    _reserved("qmatmul", 14, "Reserved: quantized MACs (int4/int8/fp8) scaled by the QParam group.",
-              semantics="Quantized MACs: int4/int8 activations or weights, fp8 e4m3 weights, scaled by the "
-              "QParam group that `setq` sets (W4A16 with group-32 fp16 scales; int4 × fp8 with "
-              "scale_a/scale_w/scale_o)."),
+    _spec("matmul_w4a16", 14, EX,
+          "a u32, b u32, c u32, m u16, n u16, k u16, a_stride u20, b_stride u20, c_stride u20, "
+          "in_dtype dtype, w_dtype dtype, s_dtype dtype, acc u1, trans_b u1, m_reg u4",
+          "C (f32) = [C +] A · dequantize(B): B holds weight codes, scaled per group of K by the "
+          "QParam group's scales and zero points.",
+          execute="compile_matmul_w4a16", cost="matmul_w4a16_cost", access=_access_matmul_w4a16,
+          extent=("m", "m_reg"),
+          twin="numerics.matmul_wq_tile (mcp.matmul_w4a16, via numerics.matmul_2d)",
+          semantics="A (m x k, `in_dtype`: f16, bf16 or f32) as for `matmul`; B holds the codes (k x n, "
+          "or n x k when `trans_b`) of `w_dtype` (i4/u4 packed two per byte, low nibble first as ONNX "
+          "packs int4, or i8/u8), row stride `b_stride` elements. The QParam group set by `setq` gives "
+          "G = `group_size` (0: one group spanning K), the scales at `scale_ptr` (`s_dtype`) and the "
+          "zero points at `zp_ptr` (`w_dtype`; `zp_ptr` = 0: none), each a dense row-major tile of "
+          "ceil(k/G) x n entries (n x ceil(k/G) when `trans_b`), a packed row starting on a byte. The "
+          "weight W[p][j] = (B[p][j] − zp) · scale of its group, in f32, rounded once to `in_dtype` "
+          "(`numerics.dequantize_weight`); then C = A·W as `matmul` (`numerics.matmul_wq_tile`). The "
+          "codes are what cross the DMA and enter the array (ingestion counts their packed bytes plus "
+          "the scales and zero points). A scale or zero-point tile outside SRAM traps."),
     _spec("setq", 15, EX,
           "scale_a f32, scale_w f32, scale_o f32, zp_ptr u32, scale_ptr u32, group_size u16",
           "Sets the QParam register group read by the quantized matmuls.",
           execute="compile_setq", cost="scalar_cost", access=_access_setq,
           semantics="Sets all six QParam registers at once (a later `setq` replaces the whole group). "
-          "Nothing in ISA v2 reads them yet: the quantized matmuls that do (`qmatmul`, still reserved) "
-          "come with quantization; the group and its pointers are defined now so that their encoding "
-          "is fixed. The pointers are stored, not dereferenced, so `setq` touches no memory."),
+          "`matmul_w4a16` reads `scale_ptr`, `zp_ptr` and `group_size`. The pointers are stored, not "
+          "dereferenced, so `setq` touches no memory: the instruction that reads through them does."),
     _reserved("kvcomp", 16, "Reserved: KV-cache compression (INT8 asymmetric, block-sparse top-k).",
               semantics="INT8 asymmetric and block-sparse top-k KV compression, delta-coded indices, "
               "CRC-8 per block."),

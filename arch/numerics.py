@@ -385,3 +385,31 @@ def dequantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, out: st
     d = widen(x) - widen(zero_point)
     with np.errstate(all="ignore"):
         return cast(np.multiply(d.astype(F32), widen(scale).astype(F32), dtype=F32), out)
+
+
+# -- weight-quantized matmul (matmul_w4a16) -------------------------------------------------------
+def dequantize_weight(codes: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, group: int,
+                      trans_b: bool, out: str) -> np.ndarray:  # fmt: skip
+    """The weight ``(codes - zero_point) · scale`` rounded once to ``out`` (``dequantize``).
+
+    ``codes`` is (k, n), or (n, k) when ``trans_b``; ``scale`` and ``zero_point`` hold one entry
+    per group of ``group`` consecutive elements along K (``group`` 0: one group spanning K), i.e.
+    shape (ceil(k/group), n), or (n, ceil(k/group)) when ``trans_b``; ``zero_point`` None means 0.
+    """
+    axis = 1 if trans_b else 0
+    k = codes.shape[axis]
+    g = group or max(k, 1)
+    s = expand_qparam(scale, codes.shape, axis, g)
+    z = np.zeros((), codes.dtype) if zero_point is None else expand_qparam(zero_point, codes.shape, axis, g)
+    return dequantize(codes, s, z, out)
+
+
+def matmul_wq_tile(a: np.ndarray, codes: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None,
+                   group: int, trans_b: bool, a_dtype: str) -> np.ndarray:  # fmt: skip
+    """f32 product of an activation tile ``a`` (m, k) of dtype ``a_dtype`` and a quantized weight
+    tile (``dequantize_weight``): the weights are dequantized to ``a_dtype`` (the MAC array's input
+    type), then multiplied as ``matmul_tile``.  Dequantizing is elementwise, so a tile of the
+    dequantized weight is the dequantized tile: the tiled product equals ``matmul_2d`` of ``a`` and
+    the whole dequantized weight, bit for bit."""
+    w = dequantize_weight(codes, scale, zero_point, group, trans_b, a_dtype)
+    return matmul_tile(a, w.T if trans_b else w)

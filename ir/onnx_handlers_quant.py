@@ -7,6 +7,10 @@ always carry three operands; a per-tensor zero point takes the scale's shape (ON
 (1,) to mix).  Refused, naming the node: quantized types the IR lacks (int16,
 float8 e5m2 …), ``precision`` other than float32 (mcp.quantize divides in f32), a non-float
 QuantizeLinear input.
+
+A DequantizeLinear of constant codes whose result takes more bytes than the codes (an int4 or
+int8 weight) is kept as ``mcp.dequantize`` rather than evaluated at import, as ``fold-constants``
+keeps it: the compressed codes are what the model stores.
 """
 
 from __future__ import annotations
@@ -91,4 +95,6 @@ def _dequantize(ctx, ins):
     out = _type_attr(ctx, "output_dtype")
     if out is not None:
         attrs["out"] = out
-    return [ctx.emit(ops.DequantizeOp, [x, scale, _zero_point(ctx, ins, xtype)], attrs)]
+    out_bits = (out or ctx.dtype(scale)).bits
+    widens = isinstance(x, np.ndarray) and out_bits > xtype.bits
+    return [ctx.emit(ops.DequantizeOp, [x, scale, _zero_point(ctx, ins, xtype)], attrs, fold=not widens)]

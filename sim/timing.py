@@ -13,8 +13,9 @@ The model (docs/simulator.md, "How cycles are counted", is the definition):
   have completed (a signal releases all its engine did before it).
 * DMA (load, store, gather): transfer = ceil(bytes / dram_bytes_per_cycle); the channel and the
   engine are busy for the transfer; completion = issue + transfer + dram_latency_cycles.
-* matmul (``matmul_cost``): busy = max(MAC passes over the rows actually present, B bytes /
-  weight_bytes_per_cycle); completion = issue + busy + stream_latency (m <= stream_max_rows,
+* matmul (``matmul_cost``; ``matmul_w4a16_cost`` with the codes' packed bytes as B): busy =
+  max(MAC passes over the rows actually present, B bytes / weight_bytes_per_cycle);
+  completion = issue + busy + stream_latency (m <= stream_max_rows,
   the weight-streaming path) or + pipeline_latency (the array's fill and drain).  Vector ops:
   busy = ceil(elements / lanes[in_dtype]), completion = issue + busy + latency (special
   functions use sfu_lanes; vsel and vtopk use their dtype, transpose the unsigned type of its
@@ -79,18 +80,29 @@ def matmul_cost(i: Instr | Decoded, target: Any) -> Cost:
     * busy = max(MAC passes, weight ingestion); tail = stream_latency when m <= stream_max_rows
       (the weight-streaming path), else pipeline_latency (the array's fill and drain).
     """
+    return _array_cost(i.m, i.n, i.k, i.in_dtype, _elem_bytes(i.in_dtype, i.k * i.n), target)
+
+
+def matmul_w4a16_cost(i: Instr | Decoded, target: Any) -> Cost:
+    """matmul_w4a16: ``matmul_cost`` at the MAC rate of the activations' dtype, the array ingesting
+    the weight codes' bytes (packed for 4-bit): the bytes that stream, not the dequantized weights.
+    The scales and zero points feed the dequantizer beside the array (read through the QParam
+    pointers, a run-time value): their DRAM bytes are counted by the loads that bring them."""
+    return _array_cost(i.m, i.n, i.k, i.in_dtype, _elem_bytes(i.w_dtype, i.k * i.n), target)
+
+
+def _array_cost(m: int, n: int, k: int, in_dtype: str, b_bytes: float, target: Any) -> Cost:
     mac = target.mac
-    rate = mac.macs_per_cycle.get(i.in_dtype)
+    rate = mac.macs_per_cycle.get(in_dtype)
     if rate is None:  # traps when executed (execute.compile_instr); cost is irrelevant
         return Cost(1, 0, 0, 0, 0)
-    m, n, k = i.m, i.n, i.k
     if m == 0 or n == 0 or k == 0:
         return Cost(1, 0, 0, 0, 0)
     rows, cols = mac.array_rows, mac.array_cols
     passes = math.ceil(m / rows)
     steps = k if m >= rows else math.ceil(k / (rows // m))
     compute = passes * math.ceil(n / cols) * steps * rows * cols / rate
-    ingest = passes * _elem_bytes(i.in_dtype, k * n) / mac.weight_bytes_per_cycle
+    ingest = passes * b_bytes / mac.weight_bytes_per_cycle
     busy = max(1, math.ceil(max(compute, ingest)))
     tail = mac.stream_latency if m <= mac.stream_max_rows else mac.pipeline_latency
     return Cost(busy, tail, m * n * k, 0, 0)
@@ -152,11 +164,11 @@ def _raw_region(addr: int, rows: int, width: int, step: int) -> Region | None:
 def sram_regions(i: Instr | Decoded) -> tuple[tuple[Region, ...], tuple[Region, ...]]:
     """(reads, writes): the SRAM regions an EX instruction reads and writes (empty for others)."""
     op = i.op
-    if op == "matmul":
+    if op in ("matmul", "matmul_w4a16"):
         dt = i.in_dtype
         a = _region(i.a, i.m, i.k, i.a_stride, 0, dt)
         b_rows, b_cols = (i.n, i.k) if i.trans_b else (i.k, i.n)
-        b = _region(i.b, b_rows, b_cols, i.b_stride, 0, dt)
+        b = _region(i.b, b_rows, b_cols, i.b_stride, 0, i.w_dtype if op == "matmul_w4a16" else dt)
         c = _region(i.c, i.m, i.n, i.c_stride, 0, "f32")
         reads, writes = [a, b, c if i.acc else None], [c]
     elif op in ("vbin", "vbini"):

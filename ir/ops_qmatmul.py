@@ -1,0 +1,92 @@
+"""``mcp.matmul_w4a16``: a matmul whose weight is stored quantized (the ``matmul_w4a16`` instruction).
+
+The fused form of ``mcp.matmul(a, mcp.dequantize(codes, scale, zero_point))`` for a constant 2-D
+weight quantized along its contraction dim (``fuse-dequantize-matmul`` builds it): the codes —
+int4 packed two per byte, or int8 — are what is stored and streamed, the weights are dequantized
+tile by tile next to the MAC array.
+"""
+
+from __future__ import annotations
+
+from math import ceil
+
+from mcpc.ir.core import Attr, Operation
+from mcpc.ir.dtypes import DType
+from mcpc.ir.types import TensorType
+
+WEIGHT_CODE_DTYPES = frozenset({"i4", "u4", "i8", "u8"})
+
+
+def scale_shape(codes: tuple[int, ...], group: int, trans_b: bool) -> tuple[int, int]:
+    """Shape of the scales (and zero points) of weight codes of shape ``codes`` (k x n, or n x k
+    when ``trans_b``) with ``group`` elements of K per scale (0: one scale per column)."""
+    n, k = codes if trans_b else codes[::-1]
+    groups = ceil(k / group) if group else 1
+    return (n, groups) if trans_b else (groups, n)
+
+
+class MatMulW4A16Op(Operation):
+    """``mcp.matmul_w4a16 a, codes, scale, zero_point {out, trans_b, tile, group_size}``.
+
+    ``a`` is ``[..., M, K]`` of a float dtype; ``codes`` is the weight ``[K, N]`` (``[N, K]`` when
+    ``trans_b``) of ``i4``, ``u4``, ``i8`` or ``u8``; ``scale`` (float) and ``zero_point`` (the codes'
+    dtype) hold one entry per ``group_size`` consecutive elements of K and per column:
+    ``[ceil(K/group_size), N]`` (``[N, ceil(K/group_size)]`` when ``trans_b``; ``group_size`` 0 means
+    one group spanning K).  The result is ``[..., M, N]`` of dtype ``out``.
+
+    Semantics: ``w = (codes - zero_point) · scale`` computed as ``mcp.dequantize`` does and rounded
+    once to a's dtype, then ``mcp.matmul a, w {trans_b, tile}`` (f32 accumulation in the order of
+    ``tile``), rounded once to ``out``.  So the op computes exactly the bits of the unfused pair
+    ``mcp.matmul(a, mcp.dequantize(codes, ...) {out = a's dtype})`` with the same tile.
+    """
+
+    name = "mcp.matmul_w4a16"
+    NUM_OPERANDS = 4
+    ATTRS = {
+        "out": Attr("dtype", doc="result dtype (a's dtype when omitted)"),
+        "trans_b": Attr("bool", False, doc="codes are stored [N, K]"),
+        "tile": Attr("ints", [], doc="[] or [tm, tn, tk]: accumulation order"),
+        "group_size": Attr("int", 0, doc="elements of K per scale; 0: one scale per column"),
+    }
+
+    def __init__(self, operands, attrs=None, result_types=None, loc=None):
+        attrs = dict(attrs or {})
+        if "out" not in attrs and operands:
+            attrs["out"] = operands[0].type.dtype
+        super().__init__(operands, attrs, result_types, loc)
+
+    @classmethod
+    def infer_types(cls, operand_types, attrs):
+        a, codes, scale, zp = operand_types
+        if not a.dtype.is_float:
+            raise ValueError(f"operand a must be a float tensor, got {a}")
+        if a.rank < 2:
+            raise ValueError(f"operand a must have rank >= 2, got {a}")
+        if codes.dtype.name not in WEIGHT_CODE_DTYPES or codes.rank != 2:
+            raise ValueError(
+                f"codes must be a rank-2 tensor of {', '.join(sorted(WEIGHT_CODE_DTYPES))}, got {codes}"
+            )
+        trans_b, group = bool(attrs["trans_b"]), int(attrs["group_size"])
+        if group < 0:
+            raise ValueError(f"group_size must be >= 0, got {group}")
+        n, k = codes.shape if trans_b else codes.shape[::-1]
+        if a.shape[-1] != k:
+            raise ValueError(f"contracted dims differ: {a} @ {codes} (trans_b={trans_b})")
+        want = scale_shape(codes.shape, group, trans_b)
+        if not scale.dtype.is_float or scale.shape != want:
+            raise ValueError(f"scale must be a float tensor of shape {list(want)}, got {scale}")
+        if zp.shape != want or zp.dtype != codes.dtype:
+            raise ValueError(f"zero_point must be {TensorType(want, codes.dtype)}, got {zp}")
+        out: DType = attrs["out"]
+        if not out.is_float:
+            raise ValueError(f"result dtype 'out' must be a float type, got {out}")
+        return [TensorType((*a.shape[:-1], n), out)]
+
+    def verify_extra(self):
+        tile = list(self.attrs["tile"])
+        if tile and (len(tile) != 3 or any(t < 0 for t in tile)):
+            raise ValueError(f"tile must be [] or [tm, tn, tk] with non-negative ints, got {tile}")
+        group, tk = int(self.attrs["group_size"]), tile[2] if tile else 0
+        k = self.operands[0].type.shape[-1]
+        if tile and group and 0 < tk < k and tk % group:
+            raise ValueError(f"tile K {tk} must be a multiple of group_size {group} (or all of K = {k})")
