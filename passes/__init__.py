@@ -47,6 +47,8 @@ PASS_MODULES: tuple[str, ...] = (
     "mcpc.passes.fold_constants",
     "mcpc.passes.dce",
     "mcpc.passes.convert_precision",
+    "mcpc.passes.fuse_dequantize",
+    "mcpc.passes.expand_quantize",
     "mcpc.passes.tile_matmul",
     "mcpc.passes.npu_schedule",
 )

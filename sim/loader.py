@@ -171,7 +171,7 @@ def from_program(program: Program, source: str = "<program>") -> LoadedProgram:
         else:
             fn, args = numeric.guard(instr, target, idx, fn, args)
         mnemonics.append(instr.op)
-        mac_dtype.append(instr.in_dtype if instr.op == "matmul" else None)
+        mac_dtype.append(instr.in_dtype if instr.op in ("matmul", "matmul_w4a16") else None)
         dma = instr.op in ("load", "store", "gather")
         recs.append(
             (instr.engine, _mask(instr.wait), _mask(instr.signal), fn, args, busy, cost.tail, dma, ())

@@ -1,0 +1,79 @@
+"""Small ONNX models with quantized weights for the quantization tests: an MLP whose MatMul weights
+are opset-21 DequantizeLinear of int4/uint4 (blocked along K) or int8 (per channel) initializers."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+_QTYPES = {"i4": (TensorProto.INT4, ml_dtypes.int4, -8, 7), "u4": (TensorProto.UINT4, ml_dtypes.uint4, 0, 15),
+           "i8": (TensorProto.INT8, np.int8, -128, 127)}  # fmt: skip
+
+
+def quantize_rtn(w: np.ndarray, dtype: str, block: int, symmetric: bool):
+    """Round-to-nearest codes, scales and zero points of ``w`` [K, N], blocked along K (block 0:
+    per output channel)."""
+    _, npd, lo, hi = _QTYPES[dtype]
+    k, n = w.shape
+    b = block or k
+    wb = w.reshape(k // b, b, n)
+    if symmetric:
+        scale = np.abs(wb).max(axis=1) / max(-lo, hi)
+        zp = np.zeros_like(scale, dtype=np.int64)
+    else:
+        mn, mx = np.minimum(wb.min(axis=1), 0), np.maximum(wb.max(axis=1), 0)
+        scale = (mx - mn) / (hi - lo)
+        zp = np.clip(np.rint(lo - mn / np.where(scale == 0, 1, scale)), lo, hi).astype(np.int64)
+    scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
+    codes = np.clip(np.rint(wb / scale[:, None, :]) + zp[:, None, :], lo, hi).reshape(k, n)
+    return codes.astype(npd), scale, zp.astype(npd)
+
+
+def qdq_mlp(dims=(64, 128, 96), dtype="i4", block=32, symmetric=False, batch=(2, 3), seed=0,
+            transposed_last=False) -> onnx.ModelProto:  # fmt: skip
+    """x [*batch, dims[0]] -> MatMul(DQ W1) -> Relu -> MatMul(DQ W2) -> y, weights quantized with
+    ``quantize_rtn``.  ``transposed_last``: the second weight is stored [N, K] and transposed by a
+    Transpose node (the layout of a tied LM head), quantized along its K axis (1)."""
+    rng = np.random.default_rng(seed)
+    qtype = _QTYPES[dtype][0]
+    nodes, inits = [], []
+    cur = "x"
+    for i, (k, n) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
+        w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+        codes, scale, zp = quantize_rtn(w, dtype, block, symmetric)
+        attrs = {"axis": 0, "block_size": block} if block else {"axis": 1}
+        if not block:
+            scale, zp = scale.reshape(n), zp.reshape(n)
+        trans = transposed_last and i == len(dims) - 2
+        if trans:
+            codes, scale, zp = codes.T.copy(), scale.T.copy(), zp.T.copy()
+            attrs = {"axis": 1, "block_size": block} if block else {"axis": 0}
+        inits += [
+            helper.make_tensor(f"w{i}_q", qtype, codes.shape, codes.astype(np.int64).reshape(-1).tolist()),
+            numpy_helper.from_array(scale, f"w{i}_s"),
+            helper.make_tensor(f"w{i}_z", qtype, zp.shape, zp.astype(np.int64).reshape(-1).tolist()),
+        ]
+        nodes.append(
+            helper.make_node("DequantizeLinear", [f"w{i}_q", f"w{i}_s", f"w{i}_z"], [f"w{i}"], **attrs)
+        )
+        wname = f"w{i}"
+        if trans:
+            nodes.append(helper.make_node("Transpose", [wname], [f"w{i}_t"], perm=[1, 0]))
+            wname = f"w{i}_t"
+        out = "y" if i == len(dims) - 2 else f"h{i}"
+        nodes.append(helper.make_node("MatMul", [cur, wname], [f"{out}_mm" if out != "y" else "y"]))
+        if out != "y":
+            nodes.append(helper.make_node("Relu", [f"{out}_mm"], [out]))
+        cur = out
+    graph = helper.make_graph(
+        nodes, "qdq_mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*batch, dims[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*batch, dims[-1]])],
+        inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model
