@@ -67,3 +67,46 @@ def test_quantize_static_encoder_block(tmp_path):
     assert [op.name for op in result.module.main.ops].count("mcp.matmul_w4a16") == 6
     err = norm_max_err(sim["y"], ref["y"])
     assert err <= 1e-3, err
+
+
+def _matmul_nbits(model: onnx.ModelProto, symmetric: bool, bits: int = 4) -> onnx.ModelProto:
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    q = MatMulNBitsQuantizer(model, bits=bits, block_size=32, is_symmetric=symmetric, accuracy_level=0)
+    q.process()
+    return q.model.model
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_matmul_nbits_encoder_block(tmp_path, symmetric):
+    model = encoder_block(hidden=64, heads=2, seq=16, causal_mask_input=False, ffn=128)
+    q = _matmul_nbits(model, symmetric)
+    assert sum(n.op_type == "MatMulNBits" for n in q.graph.node) == 6
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 16, 64)).astype(np.float32)
+    for config, bound in (("fp32.yaml", 1e-3), ("fp16.yaml", 5e-3)):
+        sim, _, ref, result = compile_and_run(
+            tmp_path, q, {"x": x}, qat_config=config, name=f"nbits-{config}"
+        )
+        assert [op.name for op in result.module.main.ops].count("mcp.matmul_w4a16") == 6
+        np.testing.assert_array_equal(sim["y"], interpret(result.module, {"x": x})["y"])
+        err = norm_max_err(sim["y"], ref["y"])
+        assert err <= bound, (config, err)
+
+
+def test_matmul_nbits_act_order_g_idx_is_refused(tmp_path):
+    from onnx import helper
+
+    from mcpc.errors import UnsupportedError
+    from mcpc.ir.onnx_import import import_onnx
+
+    q = _matmul_nbits(encoder_block(hidden=64, heads=2, seq=16, causal_mask_input=False, ffn=128), True)
+    node = next(n for n in q.graph.node if n.op_type == "MatMulNBits")
+    k = next(a.i for a in node.attribute if a.name == "K")
+    perm = np.random.default_rng(0).permutation(np.arange(k) // 32).astype(np.int32)
+    q.graph.initializer.append(helper.make_tensor("gidx", onnx.TensorProto.INT32, [k], perm.tolist()))
+    while len(node.input) < 5:
+        node.input.append("")
+    node.input[4] = "gidx"
+    with pytest.raises(UnsupportedError, match=r"MatMulNBits.*g_idx reorders the blocks"):
+        import_onnx(q)
