@@ -303,6 +303,14 @@ def _access_matmul_w4a16(f: Mapping[str, Any]) -> list[Access]:
     return [*out, _sram(f["c"], f["m"], f["n"], f["c_stride"], 4, True)]
 
 
+def _access_vdequant(f: Mapping[str, Any]) -> list[Access]:
+    # scales and zero points are read through the QParam pointers (known at run time)
+    rows, cols = f["rows"], f["cols"]
+    src = _sram(f["src"], rows, cols, f["src_stride"], _size(f["in_dtype"]))
+    dst = _sram(f["dst"], rows, cols, f["dst_stride"], _size(f["out_dtype"]), True)
+    return [*_regs(f, "rows_reg"), ("qparam", 0, 1, 1, 0, 1, False, 0), src, dst]
+
+
 def _access_elementwise(f: Mapping[str, Any], srcs: tuple[tuple[str, str, str], ...]) -> list[Access]:
     rows, cols = f["rows"], f["cols"]
     si, so = _size(f["in_dtype"]), _size(f["out_dtype"])
@@ -515,6 +523,19 @@ _SPECS: list[InstrSpec] = [
           "idx[r][0..k), as ONNX TopK (sorted=1): equal values keep ascending index order; NaN counts "
           "as larger than +inf. `topk_k` > `cols` traps. A separate instruction rather than a `vred` "
           "function because it writes two operands of k values per row."),
+    _spec("vdequant", 21, EX,
+          "in_dtype dtype, out_dtype dtype, s_dtype dtype, dst u32, src u32, rows u20, cols u20, "
+          "dst_stride u20, src_stride u20, rows_reg u4",
+          "Dequantizes rows of codes: dst = (src − zero point) · scale, one scale per group of columns.",
+          execute="compile_vdequant", cost="vector_cost", access=_access_vdequant,
+          extent=("rows", "rows_reg"), twin="numerics.dequantize_weight (mcp.dequantize blocked along "
+          "its last axis, e.g. the gathered rows of a quantized embedding table)",
+          semantics="src holds codes of `in_dtype` (i4/u4 packed two per byte, i8, u8); the QParam group "
+          "gives G = `group_size` (0: one group per row), the scales at `scale_ptr` (`s_dtype`) and the "
+          "zero points at `zp_ptr` (`in_dtype`; 0: none), each a dense row-major tile of rows x "
+          "ceil(cols/G) entries (a packed row starting on a byte). dst[r][c] = (src[r][c] − zp[r][c/G]) · "
+          "scale[r][c/G] in f32, rounded once to `out_dtype` (`numerics.dequantize_weight`, as "
+          "`mcp.dequantize`). For dequantized data that feeds no matmul: a gathered embedding row."),
 ]  # fmt: skip
 
 ISA: dict[str, InstrSpec] = {s.mnemonic: s for s in _SPECS}

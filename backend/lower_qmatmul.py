@@ -21,7 +21,8 @@ from mcpc.backend.lowering import LoweringContext, register_lowering
 from mcpc.backend.memory import align_up
 from mcpc.backend.schedule import Kernel, Step
 from mcpc.errors import PassError, UnsupportedError
-from mcpc.ir.ops import MatMulW4A16Op
+from mcpc.ir.ops import DequantizeOp, MatMulW4A16Op
+from mcpc.ir.ops_qmatmul import rows_dequantize
 
 
 def qmatmul_sram_bytes(op: MatMulW4A16Op, slots: tuple[int, int], align: int, with_zp: bool) -> int:
@@ -156,4 +157,67 @@ def lower_matmul_w4a16(op: MatMulW4A16Op, ctx: LoweringContext) -> Kernel:
                     g += 1
                 r += 1
                 steps.append(step)
+    return ctx.kernel(steps, arena)
+
+
+@register_lowering(DequantizeOp)
+def lower_dequantize(op: DequantizeOp, ctx: LoweringContext) -> Kernel:
+    """A dequantize of codes blocked along their last axis (``ops_qmatmul.rows_dequantize``): per
+    tile of rows, load the codes, the scales and (when it is not a constant of zeros) the zero
+    points, ``setq`` their SRAM addresses, ``vdequant``, store.  Other dequantizes were written as
+    elementwise ops by ``expand-quantize``; one reaching here is refused naming its node."""
+    if not rows_dequantize(op):
+        raise UnsupportedError(
+            f"backend: {op.describe()} is not blocked along its last axis over integer codes; run "
+            "expand-quantize before the backend"
+        )
+    x_val, s_val, z_val = op.operands
+    x_addr, xt = ctx.dram(x_val)
+    s_addr, st = ctx.dram(s_val)
+    out_addr, ot = ctx.dram(op.result)
+    zconst = ctx.constant(z_val)
+    with_zp = zconst is None or bool(zconst.any())
+    cols = xt.shape[-1]
+    rows = xt.numel // cols if cols else 0
+    if rows == 0 or cols == 0:
+        return Kernel([], ctx.in_slots, ctx.out_slots)
+    block = int(op.attrs["block_size"])
+    groups = -(-cols // block)
+    group = block if groups > 1 else 0
+    x_dt, s_dt, out_dt = xt.dtype.name, st.dtype.name, ot.dtype.name
+    per_row_in = [nbytes(x_dt, cols), nbytes(s_dt, groups)] + ([nbytes(x_dt, groups)] if with_zp else [])
+    per_row_out = [nbytes(out_dt, cols)]
+    cap = ((1 << 24) - 1) // max(*per_row_in, *per_row_out)  # one load/store per operand: u24 row_bytes
+    tr = ctx.rows_that_fit(per_row_in, per_row_out, max_rows=max(1, min(rows, cap)))
+    if tr == 0:
+        raise ctx.does_not_fit(
+            op, "one row of codes, scales and result", ctx.row_bytes_needed(per_row_in, per_row_out)
+        )
+    z_addr = ctx.dram(z_val)[0] if with_zp else 0
+    arena = ctx.arena()
+    rings = [
+        arena.ring(ctx.in_slots, tr * b, what)
+        for b, what in zip(per_row_in, ("codes", "scales", "zero points"), strict=False)
+    ]
+    o_ring = arena.ring(ctx.out_slots, tr * per_row_out[0], "result rows")
+    em = ctx.emitter
+    steps: list[Step] = []
+    for i, r0 in enumerate(range(0, rows, tr)):
+        n = min(tr, rows - r0)
+        srcs = [(x_addr, per_row_in[0]), (s_addr, per_row_in[1])] + (
+            [(z_addr, per_row_in[2])] if with_zp else []
+        )
+        loads = [
+            em.emit("load", dram=base + r0 * rb, sram=ring.addr(i), rows=1, row_bytes=n * rb)
+            for (base, rb), ring in zip(srcs, rings, strict=False)
+        ]
+        zp_ptr = rings[2].addr(i) if with_zp else 0
+        computes = [
+            em.emit("setq", scale_ptr=rings[1].addr(i), zp_ptr=zp_ptr, group_size=group),
+            em.emit("vdequant", in_dtype=x_dt, out_dtype=out_dt, s_dtype=s_dt, dst=o_ring.addr(i),
+                    src=rings[0].addr(i), rows=n, cols=cols, dst_stride=cols, src_stride=cols),
+        ]  # fmt: skip
+        ob = per_row_out[0]
+        stores = [em.emit("store", dram=out_addr + r0 * ob, sram=o_ring.addr(i), rows=1, row_bytes=n * ob)]
+        steps.append(Step(loads, computes, stores))
     return ctx.kernel(steps, arena)

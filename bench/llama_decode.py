@@ -47,6 +47,8 @@ class LlamaConfig:
     vocab: int = 49152
     max_pos: int = 2048
     dtype: str = "f16"
+    weight_bits: int = 0  # 4: every MatMul weight int4 (opset-21 blocked DequantizeLinear), 0: dtype
+    group: int = 32  # block size of the int4 weights along K (symmetric round-to-nearest)
 
 
 SMOLLM2_135M = LlamaConfig()
@@ -67,6 +69,23 @@ def llama_decode_step(cfg: LlamaConfig = SMOLLM2_135M, seed: int = 0) -> onnx.Mo
     def weight(name: str, shape, std: float | None = None, mean: float = 0.0) -> str:
         std = 1.0 / math.sqrt(shape[0]) if std is None else std
         return const(name, (mean + std * rng.standard_normal(shape, dtype=np.float32)).astype(np_dt))
+
+    def linear_weight(name: str, shape) -> str:
+        """A MatMul weight [K, N]: ``weight``, or with ``weight_bits`` 4 its int4 codes blocked along
+        K (symmetric RTN, ``dtype`` scales) behind a DequantizeLinear — a W4A16 checkpoint's form."""
+        if not cfg.weight_bits:
+            return weight(name, shape)
+        w = (rng.standard_normal(shape, dtype=np.float32) / math.sqrt(shape[0])).reshape(
+            -1, cfg.group, shape[1]
+        )
+        scale = (np.abs(w).max(axis=1) / 7).astype(np_dt)
+        codes = (
+            np.clip(np.rint(w / scale.astype(np.float32)[:, None, :]), -8, 7).astype(np.int8).reshape(shape)
+        )
+        inits.append(helper.make_tensor(f"{name}.codes", TensorProto.INT4, shape, codes.reshape(-1).tolist()))
+        const(f"{name}.scale", scale)
+        return op("DequantizeLinear", [f"{name}.codes", f"{name}.scale"], name=f"{name}.dequant", axis=0,
+                  block_size=cfg.group)  # fmt: skip
 
     def op(op_type: str, inputs, name: str | None = None, n_out: int = 1, outputs=None, **attrs):
         count[0] += 1
@@ -121,9 +140,9 @@ def llama_decode_step(cfg: LlamaConfig = SMOLLM2_135M, seed: int = 0) -> onnx.Mo
     for li in range(cfg.layers):
         p = f"layers.{li}"
         hn = rms_norm(x, f"{p}.input_norm")
-        q = rope(heads(op("MatMul", [hn, weight(f"{p}.q_proj", (h, cfg.heads * hd))]), cfg.heads))
-        k = rope(heads(op("MatMul", [hn, weight(f"{p}.k_proj", (h, nkv * hd))]), nkv))
-        v = heads(op("MatMul", [hn, weight(f"{p}.v_proj", (h, nkv * hd))]), nkv)
+        q = rope(heads(op("MatMul", [hn, linear_weight(f"{p}.q_proj", (h, cfg.heads * hd))]), cfg.heads))
+        k = rope(heads(op("MatMul", [hn, linear_weight(f"{p}.k_proj", (h, nkv * hd))]), nkv))
+        v = heads(op("MatMul", [hn, linear_weight(f"{p}.v_proj", (h, nkv * hd))]), nkv)
         for kind, new in (("key", k), ("value", v)):
             past, present = f"past_{kind}_{li}", f"present_{kind}_{li}"
             inputs.append(helper.make_tensor_value_info(past, onnx_dt, [1, nkv, "past", hd]))
@@ -134,17 +153,19 @@ def llama_decode_step(cfg: LlamaConfig = SMOLLM2_135M, seed: int = 0) -> onnx.Mo
         kt = op("Transpose", [f"present_key_{li}"], perm=[0, 1, 3, 2])
         probs = op("Softmax", [op("Mul", [op("MatMul", [qg, kt]), scale])], axis=-1)
         ctx = op("Reshape", [op("MatMul", [probs, f"present_value_{li}"]), merge_shape])
-        x = op("Add", [x, op("MatMul", [ctx, weight(f"{p}.o_proj", (h, h))])], name=f"{p}.attn_residual")
+        x = op(
+            "Add", [x, op("MatMul", [ctx, linear_weight(f"{p}.o_proj", (h, h))])], name=f"{p}.attn_residual"
+        )
         hn = rms_norm(x, f"{p}.post_attention_norm")
-        gate = op("MatMul", [hn, weight(f"{p}.gate_proj", (h, cfg.ffn))])
-        up = op("MatMul", [hn, weight(f"{p}.up_proj", (h, cfg.ffn))])
+        gate = op("MatMul", [hn, linear_weight(f"{p}.gate_proj", (h, cfg.ffn))])
+        up = op("MatMul", [hn, linear_weight(f"{p}.up_proj", (h, cfg.ffn))])
         act = op("Mul", [op("Mul", [gate, op("Sigmoid", [gate])]), up])
-        down = op("MatMul", [act, weight(f"{p}.down_proj", (cfg.ffn, h))])
+        down = op("MatMul", [act, linear_weight(f"{p}.down_proj", (cfg.ffn, h))])
         x = op("Add", [x, down], name=f"{p}.mlp_residual")
     x = rms_norm(x, "norm")
-    op("MatMul", [x, weight("lm_head", (h, cfg.vocab))], name="lm_head", outputs=["logits"])
+    op("MatMul", [x, linear_weight("lm_head", (h, cfg.vocab))], name="lm_head", outputs=["logits"])
     graph = helper.make_graph(nodes, "llama_decode_step", inputs, outputs, inits)
-    opsets = [helper.make_opsetid("", 18)]
+    opsets = [helper.make_opsetid("", 21 if cfg.weight_bits else 18)]  # int4 and blocked: opset 21
     model = helper.make_model(graph, opset_imports=opsets, producer_name="mcpc.bench")
     model.ir_version = helper.find_min_ir_version_for(opsets)
     return model

@@ -90,3 +90,19 @@ class MatMulW4A16Op(Operation):
         k = self.operands[0].type.shape[-1]
         if tile and group and 0 < tk < k and tk % group:
             raise ValueError(f"tile K {tk} must be a multiple of group_size {group} (or all of K = {k})")
+
+
+def rows_dequantize(op: Operation) -> bool:
+    """Whether an ``mcp.dequantize`` is one the ``vdequant`` instruction computes directly: integer
+    codes (``i4``/``u4``/``i8``/``u8``) blocked along their last axis (rows of codes, one scale per
+    group of columns), whose rows start on a byte (an even row length for 4-bit codes), with f16,
+    bf16 or f32 scales and result."""
+    x, scale = op.operands[0].type, op.operands[1].type
+    if x.dtype.name not in WEIGHT_CODE_DTYPES or x.rank == 0 or int(op.attrs["block_size"]) <= 0:
+        return False
+    if int(op.attrs["axis"]) % x.rank != x.rank - 1:
+        return False
+    floats = ("f16", "bf16", "f32")
+    if scale.dtype.name not in floats or op.result.type.dtype.name not in floats:
+        return False
+    return not (x.dtype.packed and x.shape[-1] % 2)

@@ -21,8 +21,12 @@ With ``f`` the f32 form of a value (``mcp.cast``; constant qparams are converted
   ones too, with x reshaped to split ``axis`` into (blocks, block_size) — refused when the block
   size does not divide the axis.
 
-Refused (exit 4): 4-bit codes that do not feed a matmul (4-bit tensors are stored packed and the
-vector lowering does not read them yet), quantize to f8e4m3fn, non-constant qparams.
+A dequantize of integer codes blocked along their last axis (``ops_qmatmul.rows_dequantize``, e.g.
+the gathered rows of a quantized embedding) is kept: the backend runs it as ``vdequant``.
+
+Refused (exit 4): other 4-bit codes that do not feed a matmul (4-bit tensors are stored packed
+and the elementwise lowering does not read them), quantize to f8e4m3fn or 4-bit, non-constant
+qparams.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from mcpc.errors import UnsupportedError
 from mcpc.ir import ops
 from mcpc.ir.core import Function, Module, Operation, Value
 from mcpc.ir.dtypes import F32
+from mcpc.ir.ops_qmatmul import rows_dequantize
 from mcpc.passes.dce import dce_function
 from mcpc.passes.manager import Pass, PassContext, register_pass
 
@@ -147,6 +152,9 @@ def expand_function(func: Function) -> int:
     new_ops: list[Operation] = []
     count = 0
     for op in func.ops:
+        if isinstance(op, ops.DequantizeOp) and rows_dequantize(op):
+            new_ops.append(op)  # the backend's vdequant computes it directly
+            continue
         if isinstance(op, ops.DequantizeOp):
             made, result = expand_dequantize(op)
         elif isinstance(op, ops.QuantizeOp):

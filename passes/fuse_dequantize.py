@@ -17,6 +17,12 @@ elements per stored row (each tile then starts on a byte), and a non-zero 4-bit 
 qparams are rewritten to the instruction's layout, one entry per column (``[1, N]``, or ``[N, 1]``
 when ``trans_b``), ``group_size`` 0.  Anything else stays unfused and runs as a dequantize
 kernel followed by the float matmul — slower, same values.
+
+The Gather of rows of a constant table quantized along its rows (a quantized embedding, tied to
+the LM head or not) becomes the dequantize of the gathered rows: ``gather(dequantize(codes, s,
+z) {axis 1}, ids) {axis 0}`` = ``dequantize(gather(codes, ids), gather(s, ids), gather(z, ids))
+{axis -1}`` (dequantizing is elementwise, gathering moves elements: the same bits).  The packed
+rows are what is gathered; ``vdequant`` dequantizes them.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from mcpc.ir.ops_core import ConstantOp
 from mcpc.ir.ops_nn import MatMulOp
 from mcpc.ir.ops_qmatmul import WEIGHT_CODE_DTYPES, MatMulW4A16Op
 from mcpc.ir.ops_quant import DequantizeOp, qparam_granularity
-from mcpc.ir.ops_shape import TransposeOp
+from mcpc.ir.ops_shape import GatherOp, TransposeOp
 from mcpc.passes.manager import Pass, PassContext, register_pass
 
 
@@ -86,11 +92,54 @@ def fusable_weight(op: MatMulOp) -> tuple[DequantizeOp, bool, np.ndarray, np.nda
     return deq, trans_b, np.ascontiguousarray(scale), np.ascontiguousarray(zp), group
 
 
+def _gathered_rows(op: GatherOp) -> list[Operation] | None:
+    """``gather(dequantize(codes, s, z) {axis 1, blocked}, idx) {axis 0}`` — a quantized embedding
+    table's rows — as ``dequantize(gather(codes), gather(s), gather(z)) {axis -1}``: the packed
+    rows are gathered, only they are dequantized.  None when ``op`` is not that pattern."""
+    deq = op.operands[0].owner
+    if not isinstance(deq, DequantizeOp) or int(op.attrs["axis"]) != 0:
+        return None
+    codes, scale, zp = deq.operands
+    ct = codes.type
+    if ct.rank != 2 or int(deq.attrs["axis"]) % 2 != 1 or int(deq.attrs["block_size"]) <= 0:
+        return None
+    if ct.dtype.packed and ct.shape[1] % 2:
+        return None
+    idx = op.operands[1]
+    made: list[Operation] = []
+
+    def gather(v):
+        g = GatherOp([v, idx], {"axis": 0}, loc=op.loc)
+        made.append(g)
+        return g.result
+
+    zarr = _constant(zp)
+    if zarr is not None and not zarr.any():  # symmetric: zeros of the gathered shape, not a gather
+        shape = (*idx.type.shape, zp.type.shape[1])
+        z = ConstantOp([], {"value": np.zeros(shape, zarr.dtype)}, loc=op.loc)
+        made.append(z)
+        zg = z.result
+    elif zp.type.dtype.packed and zp.type.shape[1] % 2:
+        return None
+    else:
+        zg = gather(zp)
+    attrs = {"axis": -1, "block_size": deq.attrs["block_size"], "out": deq.attrs["out"]}
+    made.append(DequantizeOp([gather(codes), gather(scale), zg], attrs, loc=op.loc))
+    return made
+
+
 def fuse_function(func: Function) -> int:
-    """Rewrite the fusable matmuls of ``func`` in place; return how many."""
+    """Rewrite the fusable matmuls (and quantized-table gathers) of ``func`` in place; return how
+    many."""
     new_ops: list[Operation] = []
     count = 0
     for op in func.ops:
+        rows = _gathered_rows(op) if isinstance(op, GatherOp) else None
+        if rows is not None:
+            new_ops += rows
+            func.replace_all_uses(op.result, rows[-1].result)
+            count += 1
+            continue
         fused = fusable_weight(op) if isinstance(op, MatMulOp) else None
         if fused is None:
             new_ops.append(op)

@@ -27,6 +27,7 @@ from mcpc.arch.numerics import (
     NUMPY_DTYPES,
     binary,
     cast,
+    dequantize_weight,
     matmul_in_f64,
     matmul_prepared,
     matmul_tile,
@@ -171,6 +172,17 @@ def _matmul_w4a16(m: Machine, a: tuple) -> None:
     c[...] = (c + part) if acc else part
 
 
+def _vdequant(m: Machine, a: tuple) -> None:
+    S, D, in_dtype, out_dtype, s_dtype = a
+    s = m.sram
+    _, _, _, zp_ptr, scale_ptr, group = m.qparams
+    rows, cols = S[1], S[2]
+    groups = -(-cols // group) if group else 1
+    scale = _qparam_tile(m, "scale tile", scale_ptr, rows, groups, s_dtype)
+    zp = _qparam_tile(m, "zero-point tile", zp_ptr, rows, groups, in_dtype) if zp_ptr else None
+    _put(s, D, dequantize_weight(_get(s, S), scale, zp, group, True, out_dtype))
+
+
 def _prepared(w: np.ndarray, slot: list | None, s: np.ndarray) -> np.ndarray:
     if slot is not None:  # a copy when it is a view of SRAM (an f32 contiguous operand)
         slot[0] = w.copy() if np.may_share_memory(w, s) else w
@@ -244,6 +256,7 @@ DESTINATION = {_matmul: 2, _vbin: 3, _vbini: 4, _vun: 2, _vred: 2, _vsel: 2, _fi
 SOURCES = {_matmul: (0, 1), _vbin: (1, 2), _vbini: (1,), _vun: (1,), _vred: (1,), _vsel: (0, 1, 2)}
 SOURCES.update({_fill0: (), _transpose: (0,)})
 DESTINATION[_matmul_w4a16], SOURCES[_matmul_w4a16] = 2, (0, 1)
+DESTINATION[_vdequant], SOURCES[_vdequant] = 1, (0,)
 LOAD, STORE, GATHER, MATMUL, SETR, TRAP, NOP = _load, _store, _gather, _matmul, _setr, _trap, _nop
 _TIMING_TWINS = {_load: _dma_check, _store: _dma_check, _setr: _setr, _trap: _trap, _nop: _nop}
 _TIMING_TWINS.update({_salu: _salu, _setq: _setq})  # register writes: run-time extents follow them
@@ -375,6 +388,14 @@ def compile_matmul_w4a16(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[H
     if i.k == 0:
         return (_nop, ()) if i.acc else (_fill0, (C,))
     return _matmul_w4a16, (A, B, C, i.trans_b, i.acc, i.in_dtype, i.w_dtype, i.s_dtype)
+
+
+def compile_vdequant(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
+    if i.in_dtype not in _CODE_DTYPES or i.s_dtype not in _SCALE_DTYPES or i.out_dtype not in _SCALE_DTYPES:
+        raise Fault(f"illegal instruction: vdequant {i.in_dtype} -> {i.out_dtype} with s_dtype {i.s_dtype}")
+    S = b.operand("src", i.src, i.rows, i.cols, i.src_stride, 0, i.in_dtype)
+    D = b.operand("dst", i.dst, i.rows, i.cols, i.dst_stride, 0, i.out_dtype)
+    return _vdequant, (S, D, i.in_dtype, i.out_dtype, i.s_dtype)
 
 
 def compile_vbin(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:

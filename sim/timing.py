@@ -117,6 +117,8 @@ def vector_cost(i: Instr | Decoded, target: Any) -> Cost:
         lanes = target.vector_lanes_for(i.dtype)
     elif op == "transpose":
         lanes = target.vector_lanes_for(_TRANSPOSE_LANES.get(i.elem_bytes, "i8"))
+    elif op == "vdequant":  # computed in f32, written as out_dtype
+        lanes = target.vector_lanes_for(i.out_dtype)
     else:
         lanes = target.vector_lanes_for(i.in_dtype)
     passes = max(i.topk_k, 1) if op == "vtopk" else 1  # vtopk: a selection network, k passes
@@ -175,6 +177,9 @@ def sram_regions(i: Instr | Decoded) -> tuple[tuple[Region, ...], tuple[Region, 
         reads = [_region(i.src0, i.rows, i.cols, i.s0_stride, i.s0_bcast, i.in_dtype)]
         if op == "vbin":
             reads.append(_region(i.src1, i.rows, i.cols, i.s1_stride, i.s1_bcast, i.in_dtype))
+        writes = [_region(i.dst, i.rows, i.cols, i.dst_stride, 0, i.out_dtype)]
+    elif op == "vdequant":
+        reads = [_region(i.src, i.rows, i.cols, i.src_stride, 0, i.in_dtype)]
         writes = [_region(i.dst, i.rows, i.cols, i.dst_stride, 0, i.out_dtype)]
     elif op == "vun":
         reads = [_region(i.src, i.rows, i.cols, i.src_stride, i.src_bcast, i.in_dtype)]

@@ -77,3 +77,35 @@ def qdq_mlp(dims=(64, 128, 96), dtype="i4", block=32, symmetric=False, batch=(2,
     model.ir_version = 10
     onnx.checker.check_model(model)
     return model
+
+
+def quantized_tied_lm(vocab=96, hidden=64, seq=5, dtype="i4", block=32, symmetric=True, seed=0):
+    """ids [1, seq] -> Gather(DQ(table)) -> Tanh -> MatMul(., Transpose(DQ(table))) -> logits: an
+    int4 embedding table blocked along hidden, read by the Gather and as the tied LM head."""
+    rng = np.random.default_rng(seed)
+    qtype = _QTYPES[dtype][0]
+    table = rng.standard_normal((vocab, hidden)).astype(np.float32)
+    codes, scale, zp = quantize_rtn(table.T.copy(), dtype, block, symmetric)  # blocks along hidden
+    codes, scale, zp = codes.T.copy(), scale.T.copy(), zp.T.copy()  # [V, H], [V, H/B]
+    inits = [
+        helper.make_tensor("t_q", qtype, codes.shape, codes.astype(np.int64).reshape(-1).tolist()),
+        numpy_helper.from_array(scale, "t_s"),
+        helper.make_tensor("t_z", qtype, zp.shape, zp.astype(np.int64).reshape(-1).tolist()),
+    ]
+    nodes = [
+        helper.make_node("DequantizeLinear", ["t_q", "t_s", "t_z"], ["table"], axis=1, block_size=block),
+        helper.make_node("Gather", ["table", "ids"], ["emb"], axis=0),
+        helper.make_node("Tanh", ["emb"], ["h"]),
+        helper.make_node("Transpose", ["table"], ["table_t"], perm=[1, 0]),
+        helper.make_node("MatMul", ["h", "table_t"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "tied_lm",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, seq])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, seq, vocab])],
+        inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model

@@ -51,3 +51,24 @@ def test_packed_codes_are_what_is_stored(tmp_path):
     weights = 2 * 256 * 512
     assert len(prog.constants) <= weights * (0.5 + 2 / 32) + 4096  # codes + f16 scales (+ small)
     assert norm_max_err(sim["y"], ref["y"]) < 5e-3
+
+
+@pytest.mark.parametrize("dtype, symmetric", [("i4", True), ("u4", False), ("i8", False)])
+@pytest.mark.parametrize("config", ["fp32.yaml", "fp16.yaml"])
+def test_quantized_tied_embedding_gathers_packed_rows(tmp_path, dtype, symmetric, config):
+    """The Gather reads the quantized table's packed rows and vdequant dequantizes only them; the
+    tied LM head streams the same codes through matmul_w4a16: the table is stored once, packed."""
+    from qmodels import quantized_tied_lm
+
+    model = quantized_tied_lm(dtype=dtype, symmetric=symmetric)
+    ids = np.array([[3, 95, 0, 41, 3]], np.int64)
+    sim, _, ref, result = compile_and_run(tmp_path, model, {"ids": ids}, qat_config=config)
+    names = _ops(result)
+    assert names.count("mcp.matmul_w4a16") == 1 and names.count("mcp.dequantize") == 1
+    assert "mcp.matmul" not in names
+    np.testing.assert_array_equal(sim["logits"], interpret(result.module, {"ids": ids})["logits"])
+    assert norm_max_err(sim["logits"], ref["logits"]) < (1e-5 if config == "fp32.yaml" else 5e-3)
+    prog = read_mcpb(next(tmp_path.glob("*.mcpb")))
+    assert "vdequant" in [i.op for i in decode_program(prog.text)]
+    table_bytes = 96 * 64 * (0.5 if dtype != "i8" else 1)
+    assert len(prog.constants) < table_bytes * 1.5 + 4096  # one packed copy (+ scales, zero points)

@@ -173,3 +173,41 @@ def test_ml_dtypes_int4_rows_match_onnx_packing():
     """Low nibble first: the code at an even index is the low half of its byte (ONNX's int4)."""
     row = np.array([1, -2, 3], dtype=ml_dtypes.int4)
     assert pack_nibbles(row).tolist() == [0xE1, 0x03]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.integers(1, 6),
+    half_cols=st.integers(1, 40),
+    group=st.sampled_from([0, 2, 8, 32]),
+    w_dt=st.sampled_from(["i4", "u4", "i8", "u8"]),
+    out=st.sampled_from(["f16", "f32", "bf16"]),
+    with_zp=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_vdequant_equals_interpreter_dequantize(rows, half_cols, group, w_dt, out, with_zp, seed):
+    """vdequant == mcp.dequantize {axis -1, block_size} of the interpreter, bit for bit."""
+    rng = np.random.default_rng(seed)
+    cols = 2 * half_cols
+    codes = _codes(rng, w_dt, (rows, cols))
+    groups = -(-cols // group) if group else 1
+    scale = (rng.random((rows, groups)) * 0.2 - 0.1).astype(np.float16)
+    zp = _codes(rng, w_dt, (rows, groups)) if with_zp else np.zeros((rows, groups), NUMPY_DTYPES[w_dt])
+    mach = machine()
+    raw = _raw(codes, w_dt)
+    put(mach, 0x0, raw)
+    put(mach, 0x8000, scale)
+    put(mach, 0x9000, _raw(zp, w_dt))
+    run(mach, "setq", scale_ptr=0x8000, zp_ptr=0x9000 if with_zp else 0, group_size=group)
+    run(mach, "vdequant", in_dtype=w_dt, out_dtype=out, s_dtype="f16", dst=0x10000, src=0, rows=rows,
+        cols=cols, dst_stride=cols, src_stride=raw.shape[1] * (2 if w_dt in ("i4", "u4") else 1))  # fmt: skip
+    got = get(mach, 0x10000, rows, cols, out)
+
+    def val(x, name):
+        return Value(TensorType(x.shape, dtype_from_name(name)))
+
+    block = group or cols
+    operands = [val(codes, w_dt), val(scale, "f16"), val(zp, w_dt)]
+    op = ops.DequantizeOp(operands, {"axis": -1, "block_size": block, "out": dtype_from_name(out)})
+    want = evaluate_op(op, [codes, scale, zp])[0]
+    np.testing.assert_array_equal(got.view(np.uint8), np.ascontiguousarray(want).view(np.uint8))
