@@ -9,6 +9,9 @@
 of one KV head as the rows of one product (no K/V repeat), Softmax, output projection, residual,
 RMSNorm, SwiGLU MLP (SiLU(gate) · up, down), residual; a final RMSNorm and an untied lm head.
 Weights are random (std 1/√fan_in) in ``dtype``; no mask (one new token sees every past position).
+With ``weight_bits = 4`` (a W4A16 checkpoint) every MatMul weight and the embedding table are int4
+codes with ``dtype`` scales per block of ``group`` along K (along hidden for the table) behind an
+opset-21 DequantizeLinear, as an int4 export writes them.
 
 ``roofline_bytes(cfg, past)`` is what the step must move at least: every weight it reads (all
 projections, norms, the lm head, one embedding row and one cos/sin row) plus the past K/V it
@@ -54,6 +57,14 @@ class LlamaConfig:
 SMOLLM2_135M = LlamaConfig()
 
 
+def _int4_tensor(name: str, codes: np.ndarray) -> onnx.TensorProto:
+    """An INT4 initializer from int8 codes in [-8, 7]: packed two per byte, low nibble first."""
+    from mcpc.arch.dtypes import pack_nibbles
+
+    raw = pack_nibbles(codes.reshape(-1).astype(np.int8)).tobytes()
+    return helper.make_tensor(name, TensorProto.INT4, codes.shape, raw, raw=True)
+
+
 def llama_decode_step(cfg: LlamaConfig = SMOLLM2_135M, seed: int = 0) -> onnx.ModelProto:
     """The one-token decode graph of ``cfg`` (see the module docstring)."""
     onnx_dt, np_dt = _ONNX_DTYPE[cfg.dtype]
@@ -82,7 +93,7 @@ def llama_decode_step(cfg: LlamaConfig = SMOLLM2_135M, seed: int = 0) -> onnx.Mo
         codes = (
             np.clip(np.rint(w / scale.astype(np.float32)[:, None, :]), -8, 7).astype(np.int8).reshape(shape)
         )
-        inits.append(helper.make_tensor(f"{name}.codes", TensorProto.INT4, shape, codes.reshape(-1).tolist()))
+        inits.append(_int4_tensor(f"{name}.codes", codes))
         const(f"{name}.scale", scale)
         return op("DequantizeLinear", [f"{name}.codes", f"{name}.scale"], name=f"{name}.dequant", axis=0,
                   block_size=cfg.group)  # fmt: skip
@@ -128,7 +139,17 @@ def llama_decode_step(cfg: LlamaConfig = SMOLLM2_135M, seed: int = 0) -> onnx.Mo
         shape = head_shapes[n]
         return op("Transpose", [op("Reshape", [x, shape])], perm=[0, 2, 1, 3])
 
-    x = op("Gather", [weight("embed.weight", (cfg.vocab, h), std=1.0), "input_ids"], axis=0)
+    if cfg.weight_bits:  # the table int4 along its rows, scales per block of hidden: one row gathered
+        table = (rng.standard_normal((cfg.vocab, h), dtype=np.float32)).reshape(cfg.vocab, -1, cfg.group)
+        tscale = (np.abs(table).max(axis=2) / 7).astype(np_dt)
+        tcodes = np.clip(np.rint(table / tscale.astype(np.float32)[:, :, None]), -8, 7).astype(np.int8)
+        inits.append(_int4_tensor("embed.codes", tcodes.reshape(cfg.vocab, h)))
+        const("embed.scale", tscale)
+        embed = op("DequantizeLinear", ["embed.codes", "embed.scale"], name="embed.dequant", axis=1,
+                   block_size=cfg.group)  # fmt: skip
+    else:
+        embed = weight("embed.weight", (cfg.vocab, h), std=1.0)
+    x = op("Gather", [embed, "input_ids"], axis=0)
     scale = scalar("attn_scale", 1.0 / math.sqrt(hd))
     q_group_shape = i64("q_group_shape", [1, nkv, group, hd])
     merge_shape = i64("merge_shape", [1, 1, h])
@@ -232,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", default="mcp2026-a100")
     ap.add_argument("--past", type=int, default=256)
     ap.add_argument("--layers", type=int, default=SMOLLM2_135M.layers)
+    ap.add_argument("--weight-bits", type=int, choices=(0, 4), default=0, help="4: int4 weights (W4A16)")
     args = ap.parse_args(argv)
-    cfg = LlamaConfig(layers=args.layers)
+    cfg = LlamaConfig(layers=args.layers, weight_bits=args.weight_bits)
     r = measure(cfg, past=args.past, target=args.target)
     mib = 2**20
     print(
