@@ -49,6 +49,7 @@ PASS_MODULES: tuple[str, ...] = (
     "mcpc.passes.convert_precision",
     "mcpc.passes.fuse_dequantize",
     "mcpc.passes.expand_quantize",
+    "mcpc.passes.fold_norm_gain",
     "mcpc.passes.tile_matmul",
     "mcpc.passes.npu_schedule",
 )
