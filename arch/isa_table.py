@@ -154,6 +154,7 @@ FIELD_DOCS: dict[str, str] = {
     "group_size": "elements of K sharing one scale (0 = one scale per tensor)",
     "w_dtype": "dtype of the weight codes (i4/u4 packed two per byte, i8, u8)",
     "s_dtype": "dtype of the weight scales (f16, bf16 or f32)",
+    "q_dtype": "dtype A is quantized to on the fly (i4 for vmmul.q4f8; i8 or u8 for matmul_i8)",
 }
 
 
@@ -292,8 +293,35 @@ def _access_matmul(f: Mapping[str, Any]) -> list[Access]:
     return [*out, _sram(f["c"], f["m"], f["n"], f["c_stride"], 4, True)]
 
 
+_QA_FIELDS = (
+    "a u32, b u32, c u32, m u16, n u16, k u16, a_stride u20, b_stride u20, c_stride u20, in_dtype dtype, "
+    "q_dtype dtype, w_dtype dtype, acc u1, trans_b u1, m_reg u4"
+)
+_QA_SEMANTICS = (
+    "A (m x k, `in_dtype` f16/bf16/f32) is quantized on the fly to `q_dtype` with the QParam group's "
+    "`scale_a` and zero point (`numerics.quantize`; the one `q_dtype` code at `zp_ptr`, 0 when `zp_ptr` "
+    "= 0); B holds the weight codes (k x n, n x k when `trans_b`, `w_dtype`, zero point 0). The tile "
+    "product P[i][j] = Σ_p (qa[i][p] − za) · B[p][j] is exact (every such sum below 2^20 terms is an "
+    "f64), rounded once to f32 and multiplied in f32 by the column's fused scale s_j / `scale_o`, s_j "
+    "the f32 at `scale_ptr + 4j` (or `scale_w` when `scale_ptr` = 0): the compiler's scale fusion "
+    "folds scale_a × scale_w (÷ scale_o) into s_j. C (f32) = [C +] that (`numerics.matmul_qa_tile`). "
+    "Costed at the slower MAC rate of `q_dtype` and `w_dtype`; the array ingests the codes' bytes."
+)
+
+
 def _access_matmul_w4a16(f: Mapping[str, Any]) -> list[Access]:
     # the scale and zero-point tiles are read through the QParam pointers (known at run time)
+    sa, sw = _size(f["in_dtype"]), _size(f["w_dtype"])
+    bk, bn = (f["n"], f["k"]) if f["trans_b"] else (f["k"], f["n"])
+    out = [*_regs(f, "m_reg"), ("qparam", 0, 1, 1, 0, 1, False, 0)]
+    out += [_sram(f["a"], f["m"], f["k"], f["a_stride"], sa), _sram(f["b"], bk, bn, f["b_stride"], sw)]
+    if f["acc"]:
+        out.append(_sram(f["c"], f["m"], f["n"], f["c_stride"], 4))
+    return [*out, _sram(f["c"], f["m"], f["n"], f["c_stride"], 4, True)]
+
+
+def _access_qa(f: Mapping[str, Any]) -> list[Access]:
+    # the activation zero point and per-column scales are read through the QParam pointers
     sa, sw = _size(f["in_dtype"]), _size(f["w_dtype"])
     bk, bn = (f["n"], f["k"]) if f["trans_b"] else (f["k"], f["n"])
     out = [*_regs(f, "m_reg"), ("qparam", 0, 1, 1, 0, 1, False, 0)]
@@ -536,6 +564,18 @@ _SPECS: list[InstrSpec] = [
           "ceil(cols/G) entries (a packed row starting on a byte). dst[r][c] = (src[r][c] − zp[r][c/G]) · "
           "scale[r][c/G] in f32, rounded once to `out_dtype` (`numerics.dequantize_weight`, as "
           "`mcp.dequantize`). For dequantized data that feeds no matmul: a gathered embedding row."),
+    _spec("vmmul.q4f8", 22, EX, _QA_FIELDS,
+          "C (f32) = [C +] int4(A) · B (fp8 e4m3fn codes), scaled by the fused QParam scale.",
+          execute="compile_qa", cost="qa_cost", access=_access_qa, extent=("m", "m_reg"),
+          twin="numerics.matmul_qa_tile (mcp.matmul_qa with i4 activations and f8e4m3fn codes)",
+          semantics=_QA_SEMANTICS + " vmmul.q4f8 requires `q_dtype` i4 and `w_dtype` f8e4m3fn (its "
+          "codes are e4m3fn values, saturated to ±448 when the compiler quantizes them)."),
+    _spec("matmul_i8", 23, EX, _QA_FIELDS,
+          "C (f32) = [C +] int8(A) · B (int8 or int4 codes), int32-exact, scaled by the fused QParam scale.",
+          execute="compile_qa", cost="qa_cost", access=_access_qa, extent=("m", "m_reg"),
+          twin="numerics.matmul_qa_tile (mcp.matmul_qa with i8/u8 activations and i8/i4 codes)",
+          semantics=_QA_SEMANTICS + " matmul_i8 requires `q_dtype` i8 or u8 and `w_dtype` i8 or i4 "
+          "(packed): the int8 layers and imported int8 QDQ models (ONNX Runtime quantize_static)."),
 ]  # fmt: skip
 
 ISA: dict[str, InstrSpec] = {s.mnemonic: s for s in _SPECS}

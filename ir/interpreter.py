@@ -301,6 +301,17 @@ def _matmul_w4a16(op, args):
     return [nx.cast(acc.reshape(op.result.type.shape), _out(op))]
 
 
+@impl(ops.MatMulQAOp)
+def _matmul_qa(op, args):
+    a, codes, scale, zp = args
+    tile = tuple(op.attrs["tile"]) or None
+    w = codes.T if op.attrs["trans_b"] else codes
+    q_dtype = op.operands[3].type.dtype.name
+    a2 = a.reshape(-1, a.shape[-1])
+    acc = nx.matmul_qa_2d(a2, w, op.attrs["scale_a"], zp.reshape(()), q_dtype, scale, tile)
+    return [nx.cast(acc.reshape(op.result.type.shape), _out(op))]
+
+
 # -- shape ---------------------------------------------------------------------------------------
 @impl(ops.ReshapeOp)
 def _reshape(op, args):

@@ -106,3 +106,65 @@ def rows_dequantize(op: Operation) -> bool:
     if scale.dtype.name not in floats or op.result.type.dtype.name not in floats:
         return False
     return not (x.dtype.packed and x.shape[-1] % 2)
+
+
+ACTIVATION_CODE_DTYPES = frozenset({"i4", "i8", "u8"})
+QA_WEIGHT_DTYPES = frozenset({"i4", "i8", "f8e4m3fn"})
+
+
+class MatMulQAOp(Operation):
+    """``mcp.matmul_qa a, codes, scale, zero_point {scale_a, out, trans_b, tile}``: a matmul whose
+    activations are quantized on the fly (the ``vmmul.q4f8`` and ``matmul_i8`` instructions).
+
+    ``a`` is ``[..., M, K]`` float; it is quantized per tensor to ``zero_point``'s dtype (``i4``,
+    ``i8`` or ``u8``) with ``scale_a`` and that zero point (``mcp.quantize``); ``codes`` is the
+    weight ``[K, N]`` (``[N, K]`` with ``trans_b``) of ``i4``, ``i8`` or ``f8e4m3fn`` (zero point 0);
+    ``scale`` (f32, ``[N]`` or ``[1]``) is the *fused* scale ``scale_a · scale_w`` of each column
+    (``numerics.fused_scale``).  Per K tile (``tile``, as ``mcp.matmul``) the product
+    ``Σ (qa − za) · w`` is exact, rounded once to f32 and multiplied by the column's fused scale;
+    the tiles accumulate in f32 (``numerics.matmul_qa_2d``), rounded once to ``out``.
+    """
+
+    name = "mcp.matmul_qa"
+    NUM_OPERANDS = 4
+    ATTRS = {
+        "scale_a": Attr("float", doc="activation scale (per tensor)"),
+        "out": Attr("dtype", doc="result dtype (a's dtype when omitted)"),
+        "trans_b": Attr("bool", False, doc="codes are stored [N, K]"),
+        "tile": Attr("ints", [], doc="[] or [tm, tn, tk]: accumulation order"),
+    }
+
+    def __init__(self, operands, attrs=None, result_types=None, loc=None):
+        attrs = dict(attrs or {})
+        if "out" not in attrs and operands:
+            attrs["out"] = operands[0].type.dtype
+        super().__init__(operands, attrs, result_types, loc)
+
+    @classmethod
+    def infer_types(cls, operand_types, attrs):
+        a, codes, scale, zp = operand_types
+        if not a.dtype.is_float or a.rank < 2:
+            raise ValueError(f"operand a must be a float tensor of rank >= 2, got {a}")
+        if codes.dtype.name not in QA_WEIGHT_DTYPES or codes.rank != 2:
+            raise ValueError(
+                f"codes must be a rank-2 tensor of {', '.join(sorted(QA_WEIGHT_DTYPES))}, got {codes}"
+            )
+        n, k = codes.shape if attrs["trans_b"] else codes.shape[::-1]
+        if a.shape[-1] != k:
+            raise ValueError(f"contracted dims differ: {a} @ {codes} (trans_b={attrs['trans_b']})")
+        if scale.dtype.name != "f32" or scale.shape not in ((n,), (1,)):
+            raise ValueError(f"scale must be f32 [{n}] or [1] (the fused scale per column), got {scale}")
+        if zp.dtype.name not in ACTIVATION_CODE_DTYPES or zp.shape != (1,):
+            raise ValueError(
+                f"zero_point must be one element of {', '.join(sorted(ACTIVATION_CODE_DTYPES))}, got {zp}"
+            )
+        if not attrs["out"].is_float:
+            raise ValueError(f"result dtype 'out' must be a float type, got {attrs['out']}")
+        return [TensorType((*a.shape[:-1], n), attrs["out"])]
+
+    def verify_extra(self):
+        tile = list(self.attrs["tile"])
+        if tile and (len(tile) != 3 or any(t < 0 for t in tile)):
+            raise ValueError(f"tile must be [] or [tm, tn, tk] with non-negative ints, got {tile}")
+        if not float(self.attrs["scale_a"]) > 0:
+            raise ValueError(f"scale_a must be > 0, got {self.attrs['scale_a']}")

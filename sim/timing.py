@@ -91,6 +91,20 @@ def matmul_w4a16_cost(i: Instr | Decoded, target: Any) -> Cost:
     return _array_cost(i.m, i.n, i.k, i.in_dtype, _elem_bytes(i.w_dtype, i.k * i.n), target)
 
 
+_RATE_DTYPE = {"u8": "i8", "u4": "i4"}  # unsigned codes multiply at their signed width's rate
+
+
+def qa_cost(i: Instr | Decoded, target: Any) -> Cost:
+    """vmmul.q4f8 / matmul_i8: ``matmul_cost`` at the slower MAC rate of the activation codes and
+    the weight codes, the array ingesting the codes' bytes (int4 packed, int8 and fp8 one byte)."""
+    rates = target.mac.macs_per_cycle
+    q, w = (_RATE_DTYPE.get(d, d) for d in (i.q_dtype, i.w_dtype))
+    if q not in rates or w not in rates:
+        return Cost(1, 0, 0, 0, 0)
+    slower = q if rates[q] <= rates[w] else w
+    return _array_cost(i.m, i.n, i.k, slower, _elem_bytes(i.w_dtype, i.k * i.n), target)
+
+
 def _array_cost(m: int, n: int, k: int, in_dtype: str, b_bytes: float, target: Any) -> Cost:
     mac = target.mac
     rate = mac.macs_per_cycle.get(in_dtype)
@@ -166,11 +180,11 @@ def _raw_region(addr: int, rows: int, width: int, step: int) -> Region | None:
 def sram_regions(i: Instr | Decoded) -> tuple[tuple[Region, ...], tuple[Region, ...]]:
     """(reads, writes): the SRAM regions an EX instruction reads and writes (empty for others)."""
     op = i.op
-    if op in ("matmul", "matmul_w4a16"):
+    if op in ("matmul", "matmul_w4a16", "vmmul.q4f8", "matmul_i8"):
         dt = i.in_dtype
         a = _region(i.a, i.m, i.k, i.a_stride, 0, dt)
         b_rows, b_cols = (i.n, i.k) if i.trans_b else (i.k, i.n)
-        b = _region(i.b, b_rows, b_cols, i.b_stride, 0, i.w_dtype if op == "matmul_w4a16" else dt)
+        b = _region(i.b, b_rows, b_cols, i.b_stride, 0, dt if op == "matmul" else i.w_dtype)
         c = _region(i.c, i.m, i.n, i.c_stride, 0, "f32")
         reads, writes = [a, b, c if i.acc else None], [c]
     elif op in ("vbin", "vbini"):

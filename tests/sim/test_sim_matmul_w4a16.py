@@ -211,3 +211,63 @@ def test_vdequant_equals_interpreter_dequantize(rows, half_cols, group, w_dt, ou
     op = ops.DequantizeOp(operands, {"axis": -1, "block_size": block, "out": dtype_from_name(out)})
     want = evaluate_op(op, [codes, scale, zp])[0]
     np.testing.assert_array_equal(got.view(np.uint8), np.ascontiguousarray(want).view(np.uint8))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    m=st.integers(1, 6),
+    n=st.integers(1, 10).map(lambda x: 2 * x),
+    k=st.integers(1, 40).map(lambda x: 2 * x),
+    variant=st.sampled_from(
+        [
+            ("vmmul.q4f8", "i4", "f8e4m3fn"),
+            ("matmul_i8", "i8", "i8"),
+            ("matmul_i8", "u8", "i8"),
+            ("matmul_i8", "u8", "i4"),
+        ]
+    ),  # fmt: skip
+    trans_b=st.booleans(),
+    per_column=st.booleans(),
+    a_dt=st.sampled_from(["f16", "f32"]),
+    seed=st.integers(0, 2**16),
+)
+def test_quantized_activation_matmuls(m, n, k, variant, trans_b, per_column, a_dt, seed):
+    """vmmul.q4f8 and matmul_i8 == mcp.matmul_qa in the interpreter == numpy's quantized math."""
+    op_name, q_dt, w_dt = variant
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal((m, k)) * 2).astype(NUMPY_DTYPES[a_dt])
+    shape = (n, k) if trans_b else (k, n)
+    if w_dt == "f8e4m3fn":
+        codes = (rng.standard_normal(shape) * 40).astype(np.float32).astype(ml_dtypes.float8_e4m3fn)
+    else:
+        codes = _codes(rng, w_dt, shape)
+    scale_a = np.float32(0.05 + rng.random() * 0.3)
+    za = {"i4": 0, "i8": 0, "u8": int(rng.integers(100, 156))}[q_dt]
+    zp = np.array([za], NUMPY_DTYPES[q_dt])
+    scale = (rng.random(n if per_column else 1) * 0.01 + 1e-3).astype(np.float32)
+    mach = machine()
+    put(mach, 0x0, a)
+    raw = _raw(codes, w_dt) if w_dt != "f8e4m3fn" else codes.view(np.uint8)
+    put(mach, 0x4000, raw)
+    put(mach, 0x10000, scale)
+    put(mach, 0x11000, _raw(zp.reshape(1, 1), q_dt))
+    b_stride = raw.shape[1] * (2 if w_dt == "i4" else 1)
+    run(mach, "setq", scale_a=float(scale_a), scale_w=float(scale[0]), scale_o=1.0,
+        zp_ptr=0x11000 if za else 0, scale_ptr=0x10000 if per_column else 0)  # fmt: skip
+    run(mach, op_name, a=0, b=0x4000, c=0x14000, m=m, n=n, k=k, a_stride=k, b_stride=b_stride, c_stride=n,
+        in_dtype=a_dt, q_dtype=q_dt, w_dtype=w_dt, trans_b=int(trans_b))  # fmt: skip
+    sim = get(mach, 0x14000, m, n, "f32")
+
+    def val(x, name):
+        return Value(TensorType(x.shape, dtype_from_name(name)))
+
+    operands = [val(a, a_dt), val(codes, w_dt), val(scale, "f32"), val(zp, q_dt)]
+    attrs = {"scale_a": float(scale_a), "trans_b": trans_b, "out": dtype_from_name("f32")}
+    ours = evaluate_op(ops.MatMulQAOp(operands, attrs), [a, codes, scale, zp])[0]
+    np.testing.assert_array_equal(sim.view(np.uint32), ours.view(np.uint32))
+    # numpy: quantize A (round half to even, clip), exact integer/fp8 products, one f32 scale
+    lo, hi = {"i4": (-8, 7), "i8": (-128, 127), "u8": (0, 255)}[q_dt]
+    q = np.clip(np.rint(a.astype(np.float32) / scale_a) + za, lo, hi) - za
+    w = codes.astype(np.float64).T if trans_b else codes.astype(np.float64)
+    ref = (q.astype(np.float64) @ w) * scale.astype(np.float64)
+    np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-6 * max(1.0, float(np.abs(ref).max())))
