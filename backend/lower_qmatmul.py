@@ -16,12 +16,14 @@ whose stored rows hold an even number of 4-bit codes; scales and zero points
 
 from __future__ import annotations
 
+import numpy as np
+
 from mcpc.arch.dtypes import nbytes, tile_bytes
 from mcpc.backend.lowering import LoweringContext, register_lowering
 from mcpc.backend.memory import align_up
 from mcpc.backend.schedule import Kernel, Step
 from mcpc.errors import PassError, UnsupportedError
-from mcpc.ir.ops import DequantizeOp, MatMulW4A16Op
+from mcpc.ir.ops import DequantizeOp, MatMulQAOp, MatMulW4A16Op
 from mcpc.ir.ops_qmatmul import rows_dequantize
 
 
@@ -50,7 +52,7 @@ def _zp_tile_bytes(w: str, groups: int, nn: int, trans_b: bool) -> int:
     return tile_bytes(w, nn, groups) if trans_b else tile_bytes(w, groups, nn)
 
 
-def _tile(op: MatMulW4A16Op) -> tuple[int, int, int]:
+def _tile(op: MatMulW4A16Op | MatMulQAOp) -> tuple[int, int, int]:
     a = op.operands[0].type
     m, k, n = 1, a.shape[-1], op.result.type.shape[-1]
     for d in a.shape[:-1]:
@@ -220,4 +222,101 @@ def lower_dequantize(op: DequantizeOp, ctx: LoweringContext) -> Kernel:
         ob = per_row_out[0]
         stores = [em.emit("store", dram=out_addr + r0 * ob, sram=o_ring.addr(i), rows=1, row_bytes=n * ob)]
         steps.append(Step(loads, computes, stores))
+    return ctx.kernel(steps, arena)
+
+
+@register_lowering(MatMulQAOp)
+def lower_matmul_qa(op: MatMulQAOp, ctx: LoweringContext) -> Kernel:
+    """``mcp.matmul_qa`` as ``matmul_w4a16``'s kernel shape: per step the A tile, the codes tile,
+    the fused scales of the tile's columns (unless one scale serves all: then ``scale_w``) and the
+    activation zero point (unless 0) are loaded; ``setq`` then ``vmmul.q4f8`` (int4 × fp8) or
+    ``matmul_i8``; the f32 accumulator is rounded once to the result dtype and stored."""
+    a_val, c_val, s_val, z_val = op.operands
+    a_addr, at = ctx.dram(a_val)
+    w_addr, wt = ctx.dram(c_val)
+    s_addr, st = ctx.dram(s_val)
+    out_addr, ot = ctx.dram(op.result)
+    za = ctx.constant(z_val)
+    scales = ctx.constant(s_val)
+    if za is None or scales is None:
+        raise UnsupportedError(f"{op.describe()}: the fused scales and the zero point must be constants")
+    with_zp, per_column = bool(np.asarray(za).astype(np.int64).any()), st.shape[0] > 1
+    z_addr = ctx.dram(z_val)[0]
+    trans_b = bool(op.attrs["trans_b"])
+    k, n = at.shape[-1], ot.shape[-1]
+    m = at.numel // k if k else 0
+    if k == 0:
+        raise UnsupportedError(f"{op.describe()}: a matmul with an empty contraction (K = 0) is not lowered")
+    if m == 0 or n == 0:
+        return Kernel([], ctx.in_slots, ctx.out_slots)
+    tm, tn, tk = _tile(op)
+    a_dt, w_dt, q_dt, out_dt = at.dtype.name, wt.dtype.name, z_val.type.dtype.name, ot.dtype.name
+    mnemonic = "vmmul.q4f8" if (q_dt, w_dt) == ("i4", "f8e4m3fn") else "matmul_i8"
+    if mnemonic == "matmul_i8" and (q_dt not in ("i8", "u8") or w_dt not in ("i8", "i4")):
+        raise UnsupportedError(
+            f"{op.describe()}: {q_dt} activations x {w_dt} weights have no instruction (vmmul.q4f8 is "
+            "int4 x fp8, matmul_i8 is int8/uint8 x int8/int4)"
+        )
+    arena = ctx.arena()
+    a_ring = arena.ring(ctx.in_slots, tile_bytes(a_dt, tm, tk), "A tile")
+    w_ring = arena.ring(ctx.in_slots, tile_bytes(w_dt, tk, tn), "codes tile")
+    s_ring = arena.ring(ctx.in_slots, tn * 4, "fused scales") if per_column else None
+    z_ring = arena.ring(ctx.in_slots, 1, "activation zero point") if with_zp else None
+    o_ring = arena.ring(ctx.out_slots, tile_bytes(out_dt, tm, tn), "output tile")
+    direct = out_dt == "f32"
+    acc_buf = None if direct else arena.alloc(tm * tn * 4, "f32 accumulator")
+    if arena.peak > ctx.sram_budget:
+        raise ctx.does_not_fit(op, f"the {mnemonic} tile [{tm}, {tn}, {tk}]", arena.peak)
+    ab, ob = at.dtype.bits // 8, ot.dtype.bits // 8
+    em = ctx.emitter
+
+    def load(dram: int, sram: int, rows: int, row_bytes: int, dram_stride: int):
+        return em.emit("load", dram=dram, sram=sram, rows=rows, row_bytes=row_bytes, dram_stride=dram_stride,
+                       sram_stride=row_bytes)  # fmt: skip
+
+    scale_w = float(np.asarray(scales, np.float32).reshape(-1)[0])
+    steps: list[Step] = []
+    r = g = 0
+    for i0 in range(0, m, tm):
+        for j0 in range(0, n, tn):
+            mm, nn = min(tm, m - i0), min(tn, n - j0)
+            o_slot = o_ring.addr(g)
+            c_buf = o_slot if direct else acc_buf
+            for k0 in range(0, k, tk):
+                kk = min(tk, k - k0)
+                sa, sw = a_ring.addr(r), w_ring.addr(r)
+                loads = [load(a_addr + (i0 * k + k0) * ab, sa, mm, kk * ab, k * ab)]
+                if trans_b:
+                    loads.append(
+                        load(w_addr + nbytes(w_dt, j0 * k + k0), sw, nn, nbytes(w_dt, kk), nbytes(w_dt, k))
+                    )
+                else:
+                    loads.append(
+                        load(w_addr + nbytes(w_dt, k0 * n + j0), sw, kk, nbytes(w_dt, nn), nbytes(w_dt, n))
+                    )
+                if s_ring is not None:
+                    loads.append(load(s_addr + j0 * 4, s_ring.addr(r), 1, nn * 4, nn * 4))
+                if z_ring is not None:
+                    loads.append(load(z_addr, z_ring.addr(r), 1, 1, 1))
+                computes = [
+                    em.emit("setq", scale_a=float(op.attrs["scale_a"]), scale_w=scale_w, scale_o=1.0,
+                            zp_ptr=z_ring.addr(r) if z_ring is not None else 0,
+                            scale_ptr=s_ring.addr(r) if s_ring is not None else 0),
+                    em.emit(mnemonic, a=sa, b=sw, c=c_buf, m=mm, n=nn, k=kk, a_stride=kk,
+                            b_stride=kk if trans_b else nn, c_stride=nn, in_dtype=a_dt, q_dtype=q_dt,
+                            w_dtype=w_dt, acc=int(k0 > 0), trans_b=int(trans_b)),
+                ]  # fmt: skip
+                step = Step(loads, computes)
+                if k0 + kk >= k:
+                    if not direct:
+                        step.computes.append(em.emit("vun", func="copy", in_dtype="f32", out_dtype=out_dt,
+                                                     dst=o_slot, src=acc_buf, rows=mm, cols=nn,
+                                                     dst_stride=nn, src_stride=nn))  # fmt: skip
+                    step.stores.append(
+                        em.emit("store", dram=out_addr + (i0 * n + j0) * ob, sram=o_slot, rows=mm,
+                                row_bytes=nn * ob, dram_stride=n * ob, sram_stride=nn * ob)
+                    )  # fmt: skip
+                    g += 1
+                r += 1
+                steps.append(step)
     return ctx.kernel(steps, arena)

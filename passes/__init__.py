@@ -47,6 +47,7 @@ PASS_MODULES: tuple[str, ...] = (
     "mcpc.passes.fold_constants",
     "mcpc.passes.dce",
     "mcpc.passes.convert_precision",
+    "mcpc.passes.fuse_scales",
     "mcpc.passes.fuse_dequantize",
     "mcpc.passes.expand_quantize",
     "mcpc.passes.fold_norm_gain",

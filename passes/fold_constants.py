@@ -48,7 +48,7 @@ from mcpc.passes.manager import Pass, PassContext, register_pass
 
 def _key(value: np.ndarray) -> tuple:
     raw = np.ascontiguousarray(value).tobytes()
-    return (value.dtype.str, value.shape, hashlib.blake2b(raw, digest_size=16).digest())
+    return (value.dtype.str, value.dtype.name, value.shape, hashlib.blake2b(raw, digest_size=16).digest())
 
 
 def _raw(a: np.ndarray) -> bytes:
@@ -85,7 +85,7 @@ def absorb_transposes(func: Function) -> int:
     by_shape: dict[tuple, list[Value]] = {}
     for op in func.ops:
         if isinstance(op, ConstantOp) and op.value.ndim >= 2:
-            by_shape.setdefault((op.value.dtype.str, op.value.shape), []).append(op.result)
+            by_shape.setdefault((op.value.dtype.name, op.value.shape), []).append(op.result)
 
     def preferred(v: Value) -> tuple:
         return (id(v) in needed, -index[id(v)])
@@ -94,7 +94,7 @@ def absorb_transposes(func: Function) -> int:
         w = values[id(b)]
         twins = [
             v
-            for v in by_shape.get((w.dtype.str, (*w.shape[:-2], w.shape[-1], w.shape[-2])), [])
+            for v in by_shape.get((w.dtype.name, (*w.shape[:-2], w.shape[-1], w.shape[-2])), [])
             if v is not b and index[id(v)] < before and preferred(v) > preferred(b)
         ]
         if not twins:

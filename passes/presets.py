@@ -6,10 +6,10 @@ There are no opt-levels: every preset is an explicit, readable pipeline string, 
 """
 
 PRESETS: dict[str, str] = {
-    "fp32": "fold-constants,fuse-dequantize-matmul,expand-quantize,dce,tile-matmul,npu-schedule",
+    "fp32": "fold-constants,fuse-scales,fuse-dequantize-matmul,expand-quantize,dce,tile-matmul,npu-schedule",
     "fp16": (
-        "fold-constants,convert-precision{dtype=f16},fuse-dequantize-matmul,expand-quantize,dce,"
-        "tile-matmul,npu-schedule"
+        "fold-constants,convert-precision{dtype=f16},fuse-scales,fuse-dequantize-matmul,expand-quantize,"
+        "dce,tile-matmul,npu-schedule"
     ),
 }
 

@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 from mcpc.arch.dtypes import DTYPES, tile_bytes
 from mcpc.errors import DoesNotFit, PassError, does_not_fit
 from mcpc.ir.core import Module
-from mcpc.ir.ops import MatMulOp, MatMulW4A16Op
+from mcpc.ir.ops import MatMulOp, MatMulQAOp, MatMulW4A16Op
 from mcpc.passes.manager import Pass, PassContext, register_pass
 
 # Parts each dim may be split into (more for long dims, via powers of two below).
@@ -182,9 +182,10 @@ class TileMatmulPass(Pass):
         if target is None:
             raise PassError("pass tile-matmul needs a target (none in the pass context)")
         for op in module.walk():
-            if isinstance(op, MatMulW4A16Op):  # a weight of quantized codes; all rows of a form M
+            if isinstance(op, (MatMulW4A16Op, MatMulQAOp)):  # quantized codes; all rows of a form M
                 a, codes, scale = (v.type for v in op.operands[:3])
-                weight = (codes.dtype.name, scale.dtype.name, int(op.attrs["group_size"]))
+                group = int(op.attrs["group_size"]) if isinstance(op, MatMulW4A16Op) else 0
+                weight = (codes.dtype.name, scale.dtype.name, group)
                 m, batch = math.prod(a.shape[:-1]), 1
             elif isinstance(op, MatMulOp):
                 a, weight = op.operands[0].type, None

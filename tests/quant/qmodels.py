@@ -109,3 +109,38 @@ def quantized_tied_lm(vocab=96, hidden=64, seq=5, dtype="i4", block=32, symmetri
     model.ir_version = 10
     onnx.checker.check_model(model)
     return model
+
+
+def qdq_q4f8_linear(k=64, n=32, rows=4, seed=0, per_channel=True):
+    """x -> QuantizeLinear(int4) -> DequantizeLinear -> MatMul <- DequantizeLinear(fp8 e4m3fn W): the
+    INT4 x FP8 layer of the seed (opset 21)."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    sw = (
+        (np.abs(w).max(axis=0) / 448).astype(np.float32) if per_channel else np.float32(np.abs(w).max() / 448)
+    )
+    codes = np.clip(w / sw, -448, 448).astype(ml_dtypes.float8_e4m3fn)
+    inits = [
+        numpy_helper.from_array(np.array(0.4, np.float32), "sa"),
+        helper.make_tensor("za", TensorProto.INT4, [], [0]),
+        helper.make_tensor(
+            "w_q", TensorProto.FLOAT8E4M3FN, codes.shape, codes.view(np.uint8).tobytes(), raw=True
+        ),
+        numpy_helper.from_array(np.asarray(sw, np.float32), "sw"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "sa", "za"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "sa", "za"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["w_q", "sw"], ["w"], axis=1),
+        helper.make_node("MatMul", ["xd", "w"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "q4f8",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, n])],
+        inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model

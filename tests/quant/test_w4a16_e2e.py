@@ -72,3 +72,19 @@ def test_quantized_tied_embedding_gathers_packed_rows(tmp_path, dtype, symmetric
     assert "vdequant" in [i.op for i in decode_program(prog.text)]
     table_bytes = 96 * 64 * (0.5 if dtype != "i8" else 1)
     assert len(prog.constants) < table_bytes * 1.5 + 4096  # one packed copy (+ scales, zero points)
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_int4_activations_fp8_weights_run_on_vmmul_q4f8(tmp_path, per_channel):
+    """QuantizeLinear(int4) -> DequantizeLinear -> MatMul <- DequantizeLinear(fp8): fuse-scales folds
+    the two dequantizations into one fused scale per column; vmmul.q4f8 computes it."""
+    from qmodels import qdq_q4f8_linear
+
+    model = qdq_q4f8_linear(per_channel=per_channel)
+    x = np.random.default_rng(4).standard_normal((4, 64)).astype(np.float32)
+    sim, _, ref, result = compile_and_run(tmp_path, model, {"x": x})
+    assert _ops(result).count("mcp.matmul_qa") == 1 and "mcp.matmul" not in _ops(result)
+    prog = read_mcpb(next(tmp_path.glob("*.mcpb")))
+    assert "vmmul.q4f8" in [i.op for i in decode_program(prog.text)]
+    np.testing.assert_array_equal(sim["y"], interpret(result.module, {"x": x})["y"])
+    assert norm_max_err(sim["y"], ref["y"]) < 1e-5
