@@ -114,3 +114,23 @@ def test_matmul_nbits_act_order_g_idx_is_refused(tmp_path):
     node.input[4] = "gidx"
     with pytest.raises(UnsupportedError, match=r"MatMulNBits.*g_idx reorders the blocks"):
         import_onnx(q)
+
+
+def test_mcpc_check_passes_on_a_matmul_nbits_model(tmp_path):
+    """The user's path: mcpc compile, then mcpc check against ONNX Runtime (exit 0)."""
+    from click.testing import CliRunner
+
+    from mcpc.cli import cli
+
+    q = _matmul_nbits(encoder_block(hidden=64, heads=2, seq=16, causal_mask_input=False, ffn=128), True)
+    onnx.save(q, tmp_path / "nbits.onnx")
+    x = np.random.default_rng(5).standard_normal((1, 16, 64)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x)
+    prog = tmp_path / "nbits.mcpb"
+    built = CliRunner().invoke(
+        cli, ["compile", str(tmp_path / "nbits.onnx"), "-c", "fp32.yaml", "-o", str(prog)]
+    )
+    assert built.exit_code == 0, built.output
+    checked = CliRunner().invoke(cli, ["check", str(tmp_path / "nbits.onnx"), str(prog), "--inputs",
+                                       str(tmp_path / "in.npz")])  # fmt: skip
+    assert checked.exit_code == 0, checked.output
