@@ -8,7 +8,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+
+import mcpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from e2e_util import compile_and_run, norm_max_err  # noqa: E402
@@ -88,3 +91,30 @@ def test_int4_activations_fp8_weights_run_on_vmmul_q4f8(tmp_path, per_channel):
     assert "vmmul.q4f8" in [i.op for i in decode_program(prog.text)]
     np.testing.assert_array_equal(sim["y"], interpret(result.module, {"x": x})["y"])
     assert norm_max_err(sim["y"], ref["y"]) < 1e-5
+
+
+def test_quantized_programs_are_race_free(tmp_path):
+    """The token bits order every access of the quantized kernels, the scale and zero-point tiles
+    read through the QParam pointers included (hazards.qparam_reads), with and without double
+    buffering, on a shape split into several tiles."""
+    from qmodels import qdq_q4f8_linear, quantized_tied_lm
+
+    from mcpc.backend.hazards import check_hazards, qparam_reads
+
+    models = {
+        "w4": qdq_mlp(dims=(256, 512, 256), dtype="u4", block=32, symmetric=False, batch=(40,)),
+        "tied": quantized_tied_lm(dtype="u4", symmetric=False),
+        "q4f8": qdq_q4f8_linear(k=256, n=512, rows=40),
+    }
+    for name, model in models.items():
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(model, path)
+        for sched in ("npu-schedule", "npu-schedule{double-buffer=false}"):
+            passes = (
+                f"fold-constants,fuse-scales,fuse-dequantize-matmul,expand-quantize,dce,tile-matmul,{sched}"
+            )
+            out = tmp_path / f"{name}.mcpb"
+            mcpc.compile(path, target="mcp2026-edge", qat_config="fp32.yaml", passes=passes, output=out)
+            instrs = decode_program(read_mcpb(out).text)
+            assert qparam_reads(instrs)  # the indirect reads are modelled
+            check_hazards(instrs)
