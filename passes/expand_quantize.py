@@ -13,6 +13,8 @@ With ``f`` the f32 form of a value (``mcp.cast``; constant qparams are converted
   codes ``f(x) - f(z)`` is exact in f32 (|x - z| < 2^24), as numerics' exact integer difference
   converted to f32; the product is f32, rounded once to ``out``.  i32 codes (a bias) need a zero
   zero point (``f(x)`` is then numerics' one rounding of the exact value) — refused otherwise.
+* ``quantize(x, s, z)`` to f8e4m3fn (saturating) = ``cast(add(div(f(x), f(s)), f(z)), f8)``: the
+  f32 quotient plus the zero point, rounded once with saturation to ±448 (``numerics.cast``).
 * ``quantize(x, s, z)`` to i8/u8 = ``cast(min(max(select(eq(r, r), r, f(z)), lo), hi), q)`` with
   ``r = add(round(div(f(x), f(s))), f(z))``: the f32 quotient, rounded half to even (exact), the
   zero point added (exact below 2^24; anything larger clips to the same bound), NaN giving the
@@ -24,9 +26,10 @@ With ``f`` the f32 form of a value (``mcp.cast``; constant qparams are converted
 A dequantize of integer codes blocked along their last axis (``ops_qmatmul.rows_dequantize``, e.g.
 the gathered rows of a quantized embedding) is kept: the backend runs it as ``vdequant``.
 
+Scales and zero points may be run-time values (reshaped and cast to f32 by ops, exactly).
 Refused (exit 4): other 4-bit codes that do not feed a matmul (4-bit tensors are stored packed
-and the elementwise lowering does not read them), quantize to f8e4m3fn or 4-bit, non-constant
-qparams.
+and the elementwise lowering does not read them), quantize to 4-bit or to f8 with saturate=0,
+i32 codes with a zero point that is not a constant zero.
 """
 
 from __future__ import annotations
@@ -94,14 +97,20 @@ def _qparam_layout(op, x_shape) -> tuple[list[int] | None, list[int]]:
     return split, qshape
 
 
-def _qparams_f32(b: _Builder, op, qshape) -> tuple[Value, Value, np.ndarray]:
+def _qparams_f32(b: _Builder, op, qshape) -> tuple[Value, Value, bool]:
+    """The scale and zero point as f32 values shaped ``qshape``, and whether the zero point may be
+    non-zero.  Constants are converted here; run-time qparams get a reshape and a cast (exact:
+    f16/bf16 scales and 8-bit zero points are f32 values)."""
     scale, zp = _constant(op.operands[1]), _constant(op.operands[2])
-    if scale is None or zp is None:
-        raise UnsupportedError(f"{op.describe()}: scale and zero point must be constants to be lowered")
-    s = nx.cast(np.asarray(scale).reshape(qshape), "f32")  # exact: f16/bf16/f32 scales
-    z = np.asarray(zp).reshape(qshape)
-    zf = z.astype(np.float32) if z.dtype.kind in "iub" else nx.cast(z, "f32")
-    return b.const(np.asarray(s)), b.const(np.asarray(zf)), z
+    if scale is not None:
+        s = b.const(np.asarray(nx.cast(np.asarray(scale).reshape(qshape), "f32")))
+    else:
+        s = b.f32(b.reshape(op.operands[1], qshape))
+    if zp is not None:
+        z = np.asarray(zp).reshape(qshape)
+        zf = z.astype(np.float32) if z.dtype.kind in "iub" else nx.cast(z, "f32")
+        return s, b.const(np.asarray(zf)), bool(z.astype(np.float32).any())
+    return s, b.f32(b.reshape(op.operands[2], qshape)), True
 
 
 def expand_dequantize(op: ops.DequantizeOp) -> tuple[list[Operation], Value]:
@@ -114,11 +123,11 @@ def expand_dequantize(op: ops.DequantizeOp) -> tuple[list[Operation], Value]:
         )
     b = _Builder(op.loc)
     split, qshape = _qparam_layout(op, xt.shape)
-    s, z, zraw = _qparams_f32(b, op, qshape)
-    if xt.dtype.name == "i32" and zraw.any():
+    s, z, nonzero = _qparams_f32(b, op, qshape)
+    if xt.dtype.name == "i32" and nonzero:
         raise UnsupportedError(f"{op.describe()}: i32 codes with a non-zero zero point are not lowered")
     xv = b.f32(b.reshape(x, split) if split else x)
-    d = b.op(ops.SubOp, [xv, z]) if zraw.any() else xv
+    d = b.op(ops.SubOp, [xv, z]) if nonzero else xv
     y = b.op(ops.MulOp, [d, s])
     out = op.attrs["out"]
     if out != F32:
@@ -129,15 +138,19 @@ def expand_dequantize(op: ops.DequantizeOp) -> tuple[list[Operation], Value]:
 def expand_quantize(op: ops.QuantizeOp) -> tuple[list[Operation], Value]:
     x = op.operands[0]
     xt, qt = x.type, op.result.type.dtype
-    if qt.name not in ("i8", "u8"):
+    f8 = qt.name == "f8e4m3fn" and bool(op.attrs["saturate"])
+    if qt.name not in ("i8", "u8") and not f8:
         raise UnsupportedError(
-            f"{op.describe()}: quantizing activations to {qt} is not lowered (i8 and u8 are; 4-bit results "
-            "are stored packed, f8 needs the saturating conversion)"
+            f"{op.describe()}: quantizing to {qt} is not lowered (i8, u8 and saturating f8e4m3fn are; "
+            "4-bit results are stored packed)"
         )
     b = _Builder(op.loc)
     split, qshape = _qparam_layout(op, xt.shape)
     s, z, _ = _qparams_f32(b, op, qshape)
     xv = b.f32(b.reshape(x, split) if split else x)
+    if f8:  # x / s + z in f32, one saturating rounding to f8 (mcp.cast clamps to ±448, NaN stays)
+        y = b.op(ops.CastOp, [b.op(ops.AddOp, [b.op(ops.DivOp, [xv, s]), z])], {"to": qt})
+        return b.ops, b.reshape(y, xt.shape) if split else y
     r = b.op(ops.AddOp, [b.op(ops.RoundOp, [b.op(ops.DivOp, [xv, s])]), z])
     r = b.op(ops.SelectOp, [b.op(ops.EqualOp, [r, r]), r, z])  # NaN -> the zero point
     lo, hi = qt.range()
