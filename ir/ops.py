@@ -57,6 +57,7 @@ from mcpc.ir.ops_shape import (
     SliceOp,
     TransposeOp,
 )
+from mcpc.ir.ops_state import GlobalLoadOp, GlobalStoreOp, HostRegOp, ScalarOp
 
 __all__ = [
     "AbsOp",
@@ -77,6 +78,10 @@ __all__ = [
     "SiluOp",
     "FmodOp",
     "GatherOp",
+    "GlobalLoadOp",
+    "GlobalStoreOp",
+    "HostRegOp",
+    "ScalarOp",
     "GeluOp",
     "GreaterOp",
     "LayerNormOp",

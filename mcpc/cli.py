@@ -269,6 +269,11 @@ if _has_module("mcpc.examples"):
     cli.add_command(examples_group)
 if _has_module("mcpc.conformance"):
     cli.add_command(conformance_command)  # light: onnx loads inside the command
+if _has_module("mcpc.cli_ci"):
+    from mcpc.cli_ci import ci_command, report_command, sweep_command  # light: click only
+
+    for command in (ci_command, sweep_command, report_command):
+        cli.add_command(command)
 if _has_module("mcpc.sim.cli"):
     from mcpc.sim.cli import sim_group  # light: click only; the simulator loads inside `run`
 

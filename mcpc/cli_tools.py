@@ -119,7 +119,7 @@ def disasm_command(program, output):
 @click.command("inspect", cls=GuardedCommand)
 @click.argument("program", type=click.Path(path_type=Path, dir_okay=False), metavar="PROG.mcpb")
 def inspect_command(program):
-    """Print PROG's target, sections, entries and I/O."""
+    """Print PROG's target, sections, entries, I/O, persistent buffers and host registers."""
     from rich.table import Table
 
     from mcpc.arch.mcpb import read_mcpb, section_table
@@ -154,7 +154,29 @@ def inspect_command(program):
                 )
                 io.add_row(*(str(x) for x in row))
     console.print(io)
+    console.print(
+        "entries: " + ", ".join(f"{e['name']} (instructions {e['start']}..{e['start'] + e['count'] - 1})"
+                                for e in prog.entries)
+    )  # fmt: skip
     mm = prog.memory_map or {}
+    persistent = [r for r in mm.get("regions", []) if isinstance(r, dict) and r.get("kind") == "persistent"]
+    if persistent:
+        table = Table(title="persistent buffers (zero at load, kept from run to run)", title_justify="left")
+        for column in ("name", "dtype", "shape", "bytes", "dram"):
+            table.add_column(column)
+        for r in persistent:
+            shape = "x".join(map(str, r.get("shape", []))) or "?"
+            table.add_row(
+                str(r.get("name")), str(r.get("dtype", "?")), shape, str(r["bytes"]), hex(r["dram"])
+            )
+        console.print(table)
+    if prog.host_registers:
+        table = Table(title="host registers (--set-reg NAME=VALUE)", title_justify="left")
+        for column in ("name", "register", "min", "max", "read by"):
+            table.add_column(column)
+        for h in prog.host_registers:
+            table.add_row(h["name"], f"r{h['reg']}", str(h["min"]), str(h["max"]), ", ".join(h["entries"]))
+        console.print(table)
     regions, peak = len(mm.get("regions", [])), mm.get("sram_peak_bytes", "?")
     consts = [b for b in mm.get("buffers", []) if b.get("kind") == "const"]
     shared = sum(len(b.get("users", [])) - 1 for b in consts if b.get("users"))

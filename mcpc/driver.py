@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mcpc import __version__
-from mcpc.errors import ConfigError, InputError, UnsupportedError, UsageError
+from mcpc.errors import ConfigError, InputError, UnsupportedError, UsageError, VerifyError
 from mcpc.fileio import write_atomic
 
 DEFAULT_TARGET = "mcp2026-a100"
@@ -51,7 +51,8 @@ def _emit_suffix(emit: str) -> str:
 
 
 def load_model(path: str | Path, shapes: dict | None = None, dims: dict | None = None, dram_bytes=None):
-    """Import an ONNX file into an MCP IR ``Module``, binding symbolic dims.
+    """Import an ONNX file into an MCP IR ``Module``, binding symbolic dims (a ``.mcpir`` file is
+    parsed as MCP IR text instead: ParseError/VerifyError, exit 3; ``shapes``/``dims`` unused).
 
     ``shapes`` maps an input name to its full shape (``{"input_ids": (1, 128)}``), ``dims`` a
     symbolic dim name to a size everywhere (``{"seq": 128}``).  Raises InputError for a missing
@@ -61,6 +62,17 @@ def load_model(path: str | Path, shapes: dict | None = None, dims: dict | None =
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such model file")
+    if path.suffix == ".mcpir":  # MCP IR text (e.g. a program with state, docs/ir.md)
+        from mcpc.ir import parse_module
+
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"{path}: cannot read: {exc}") from None
+        try:
+            return parse_module(text, str(path))
+        except VerifyError as exc:  # the user's IR, not one of our passes: bad input, exit 3
+            raise InputError(f"{path}: invalid IR: {exc.message}") from None
     from mcpc.ir.onnx_import import import_onnx
 
     return import_onnx(str(path), shapes, dims, dram_bytes=dram_bytes)

@@ -102,6 +102,8 @@ def run_program(
     timing_only: bool = False,
     registers: dict[int, int] | None = None,
     max_cycles: int | None = None,
+    machine: Machine | None = None,
+    recs: list | None = None,
 ) -> SimResult:
     """Run entry point ``entry`` on ``inputs`` (name -> array) and collect outputs and the profile.
 
@@ -118,6 +120,13 @@ def run_program(
     registers set always starts from a fresh machine (the reuse of ``fastpath`` assumes the
     registers start at zero).
 
+    ``machine``: run a functional run on this machine as it is (``Session`` keeps one across
+    runs, restored by itself, for the persistent buffers), with ``recs`` (default: the program's
+    ``session_recs``); None: the program's own machine, restored.
+
+    An entry that reads host registers (section HREG) refuses to run unless ``registers`` sets
+    every one of them, within its declared range (``Session.run`` sets them by name).
+
     Raises InputError for an unknown entry, a missing or mis-shaped input (named), and SimTrap
     (naming the instruction address, mnemonic and ONNX node) when the program traps or deadlocks.
     """
@@ -127,6 +136,23 @@ def run_program(
     for reg, value in (registers or {}).items():
         if not (0 < reg < N_REGS) or not -(1 << 31) <= value < 1 << 31:
             raise InputError(f"register r{reg} = {value}: registers are r1..r{N_REGS - 1}, values s32")
+    unset = [
+        f"{h['name']} (r{h['reg']})"
+        for h in program.program.host_registers
+        if entry in h["entries"] and h["reg"] not in (registers or {})
+    ]
+    if unset:
+        raise InputError(
+            f"{src}: entry {entry!r} reads host register(s) {', '.join(unset)}, which are not set "
+            "(mcpc sim run --set-reg NAME=VALUE, Session.run(registers={NAME: VALUE}))"
+        )
+    for h in program.program.host_registers:  # the compiler proved its offsets for these ranges only
+        value = (registers or {}).get(h["reg"])
+        if value is not None and not h["min"] <= value <= h["max"]:
+            raise InputError(
+                f"{src}: host register {h['name']} (r{h['reg']}) = {value} is outside its declared "
+                f"range [{h['min']}, {h['max']}]"
+            )
     in_bindings = io.get("inputs", [])
     missing = [b["name"] for b in in_bindings if b["name"] not in inputs]
     if missing:
@@ -141,6 +167,10 @@ def run_program(
         writes.append((addr, raw))
     if timing_only:
         m, recs = Machine(program.dram_size, t.sram.size_bytes), program.timing_recs()
+    elif machine is not None:
+        m, recs = machine, recs or program.session_recs()
+        for addr, raw in writes:
+            m.dram[addr : addr + raw.size] = raw
     else:
         plan = None
         if not registers:
