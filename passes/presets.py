@@ -6,8 +6,11 @@ There are no opt-levels: every preset is an explicit, readable pipeline string, 
 """
 
 PRESETS: dict[str, str] = {
-    "fp32": "fold-constants,dce,tile-matmul,npu-schedule",
-    "fp16": "fold-constants,convert-precision{dtype=f16},dce,tile-matmul,npu-schedule",
+    "fp32": "fold-constants,fuse-scales,fuse-dequantize-matmul,expand-quantize,dce,tile-matmul,npu-schedule",
+    "fp16": (
+        "fold-constants,convert-precision{dtype=f16},fuse-scales,fuse-dequantize-matmul,expand-quantize,"
+        "dce,tile-matmul,npu-schedule"
+    ),
 }
 
 
