@@ -224,7 +224,7 @@ def _replay(program: Any, st: State, order: range) -> Plan:
             else:
                 sram_side[...] = -1
         elif fn is ex.GATHER:
-            _, idx_addr, count, row_bytes, _, sram, sram_stride, _ = a
+            _, idx_addr, count, row_bytes, _, sram, sram_stride = a[:7]
             read(np.ndarray((count, 4), _I32, wid, idx_addr * 4, (16, 4)))
             np.ndarray((count, row_bytes), _I32, wid, sram * 4, (sram_stride * 4, 4))[...] = -1
         else:

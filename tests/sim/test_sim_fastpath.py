@@ -93,3 +93,31 @@ halt
     for _ in range(3):  # the constant is 2 again in every run (not the 6 the last run stored)
         assert np.array_equal(run_program(program, x).outputs["y"], np.full((1, 8), 6.0, np.float32))
     assert fastpath.state(program).plans["main"] is None
+
+
+def test_a_program_with_a_gather_runs_on_its_own_machine(monkeypatch):
+    """An embedding lookup (gather of constant rows at input indices) then a product with a constant
+    weight: the plan is made (a gather does not make the analysis give up) and every run gives the
+    bits of a fresh machine."""
+    rng = np.random.default_rng(3)
+    table = rng.standard_normal((8, 4)).astype(np.float32)
+    weight = rng.standard_normal((4, 4)).astype(np.float32)
+    consts = table.tobytes() + weight.tobytes()
+    io = {"inputs": {"ids": ("i32", (1, 4))}, "outputs": {"y": ("f32", (4, 4))}}
+    _, at = build("halt", **io, constants=consts)
+    code = f"""
+load dram={at["ids"]} sram=0x0 rows=1 row_bytes=16
+load dram=128 sram=0x200 rows=1 row_bytes=64
+gather dram=0 sram_idx=0x0 count=4 row_bytes=16 dram_stride=16 sram=0x100 sram_stride=16 limit=8 signal=EX
+matmul a=0x100 b=0x200 c=0x300 m=4 n=4 k=4 a_stride=4 b_stride=4 c_stride=4 wait=LD signal=ST
+store dram={at["y"]} sram=0x300 rows=1 row_bytes=64 wait=EX
+halt
+"""
+    prog = build(code, **io, constants=consts)[0]
+    program = from_program(prog)
+    for ids in ([[1, 2, 3, 4]], [[7, 0, 0, 5]], [[6, 6, 1, 2]]):
+        x = {"ids": np.array(ids, dtype=np.int32)}
+        y = run_program(program, x).outputs["y"]
+        _same({"y": y}, _fresh(from_program(prog), x, monkeypatch))
+        np.testing.assert_allclose(y, table[ids[0]] @ weight, rtol=1e-6)
+    assert fastpath.state(program).plans["main"] is not None
