@@ -46,6 +46,7 @@ from mcpc.ir.ops_nn import (
     ReduceOp,
     ReduceSumOp,
     SoftmaxOp,
+    TopKOp,
 )
 from mcpc.ir.ops_quant import DequantizeOp, QuantizeOp
 from mcpc.ir.ops_shape import (
@@ -92,6 +93,7 @@ __all__ = [
     "QuantizeOp",
     "ReciprocalOp",
     "ArgMaxOp",
+    "TopKOp",
     "ReduceMaxOp",
     "ReduceMeanOp",
     "ReduceOp",
