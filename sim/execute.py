@@ -216,6 +216,7 @@ DESTINATION = {_matmul: 2, _vbin: 3, _vbini: 4, _vun: 2, _vred: 2, _vsel: 2, _fi
 SOURCES = {_matmul: (0, 1), _vbin: (1, 2), _vbini: (1,), _vun: (1,), _vred: (1,), _vsel: (0, 1, 2)}
 SOURCES.update({_fill0: (), _transpose: (0,)})
 LOAD, STORE, GATHER, MATMUL, SETR, TRAP, NOP = _load, _store, _gather, _matmul, _setr, _trap, _nop
+VTOPK = _vtopk
 _TIMING_TWINS = {_load: _dma_check, _store: _dma_check, _setr: _setr, _trap: _trap, _nop: _nop}
 _TIMING_TWINS.update({_salu: _salu, _setq: _setq})  # register writes: run-time extents follow them
 _TIMING_TWINS.update(dict.fromkeys((_gather, _matmul, _matmul_cached, _vtopk, *DESTINATION), _nop))

@@ -227,6 +227,10 @@ def _replay(program: Any, st: State, order: range) -> Plan:
             _, idx_addr, count, row_bytes, _, sram, sram_stride = a[:7]
             read(np.ndarray((count, 4), _I32, wid, idx_addr * 4, (16, 4)))
             np.ndarray((count, row_bytes), _I32, wid, sram * 4, (sram_stride * 4, 4))[...] = -1
+        elif fn is ex.VTOPK:  # two destinations: the values and their indices
+            read(_bytes_of(wid, a[0]))
+            _bytes_of(wid, a[1])[...] = -1
+            _bytes_of(wid, a[2])[...] = -1
         else:
             d, sources = ex.DESTINATION.get(fn), ex.SOURCES.get(fn)
             if d is None or sources is None:

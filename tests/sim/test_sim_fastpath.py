@@ -121,3 +121,28 @@ halt
         _same({"y": y}, _fresh(from_program(prog), x, monkeypatch))
         np.testing.assert_allclose(y, table[ids[0]] @ weight, rtol=1e-6)
     assert fastpath.state(program).plans["main"] is not None
+
+
+def test_a_program_with_vtopk_runs_on_its_own_machine(monkeypatch):
+    """Top-k (two destinations) of x times a constant row: the plan is made, runs match fresh ones."""
+    consts = np.linspace(-1, 1, 8, dtype=np.float32).tobytes()
+    io = {"inputs": {"x": ("f32", (2, 8))}, "outputs": {"v": ("f32", (2, 3)), "i": ("i32", (2, 3))}}
+    _, at = build("halt", **io, constants=consts)
+    vbin = "vbin func=mul in_dtype=f32 out_dtype=f32 dst=0x200 src0=0x100 src1=0x0 rows=2 cols=8"
+    vtopk = "vtopk dtype=f32 dst=0x300 idx=0x400 src=0x200 rows=2 cols=8 topk_k=3 largest=1"
+    code = f"""
+load dram=0 sram=0x0 rows=1 row_bytes=32
+load dram={at["x"]} sram=0x100 rows=1 row_bytes=64 signal=EX
+{vbin} dst_stride=8 s0_stride=8 s1_stride=0 wait=LD
+{vtopk} src_stride=8 dst_stride=3 idx_stride=3 signal=ST
+store dram={at["v"]} sram=0x300 rows=1 row_bytes=24 wait=EX
+store dram={at["i"]} sram=0x400 rows=1 row_bytes=24
+halt
+"""
+    prog = build(code, **io, constants=consts)[0]
+    program = from_program(prog)
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        x = {"x": rng.standard_normal((2, 8)).astype(np.float32)}
+        _same(run_program(program, x).outputs, _fresh(from_program(prog), x, monkeypatch))
+    assert fastpath.state(program).plans["main"] is not None
