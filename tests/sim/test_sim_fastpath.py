@@ -146,3 +146,31 @@ halt
         x = {"x": rng.standard_normal((2, 8)).astype(np.float32)}
         _same(run_program(program, x).outputs, _fresh(from_program(prog), x, monkeypatch))
     assert fastpath.state(program).plans["main"] is not None
+
+
+def test_a_weight_loaded_twice_is_prepared_once(monkeypatch):
+    """Two loads of the same constant bytes (to different SRAM places, as for two row tiles) feed
+    two matmuls: one slot holds the prepared weight for both, and runs match fresh ones."""
+    rng = np.random.default_rng(6)
+    weight = rng.standard_normal((4, 4)).astype(np.float16)
+    io = {"inputs": {"x": ("f16", (2, 4))}, "outputs": {"y": ("f32", (2, 4))}}
+    _, at = build("halt", **io, constants=weight.tobytes())
+    mm = "matmul in_dtype=f16 m=1 n=4 k=4 a_stride=4 b_stride=4 c_stride=4"
+    code = f"""
+load dram=0 sram=0x200 rows=1 row_bytes=32
+load dram={at["x"]} sram=0x0 rows=1 row_bytes=16
+load dram=0 sram=0x600 rows=1 row_bytes=32 signal=EX
+{mm} a=0x0 b=0x200 c=0x300 wait=LD
+{mm} a=0x8 b=0x600 c=0x310 signal=ST
+store dram={at["y"]} sram=0x300 rows=1 row_bytes=32 wait=EX
+halt
+"""
+    prog = build(code, **io, constants=weight.tobytes())[0]
+    program = from_program(prog)
+    for _ in range(3):
+        x = {"x": rng.standard_normal((2, 4)).astype(np.float16)}
+        y = run_program(program, x).outputs["y"]
+        _same({"y": y}, _fresh(from_program(prog), x, monkeypatch))
+        np.testing.assert_allclose(y, x["x"].astype(np.float32) @ weight.astype(np.float32), rtol=1e-5)
+    st = fastpath.state(program)
+    assert st.plans["main"] is not None and len(st.slots) == 1
