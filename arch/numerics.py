@@ -138,30 +138,45 @@ def _remainder(func: str, wa: np.ndarray, wb: np.ndarray) -> np.ndarray:
     return r
 
 
-def _gelu(x64):
-    return 0.5 * x64 * (1.0 + _special.erf(x64 / np.sqrt(2.0)))
+# Special functions on an f64 array ``t``, in place (each is the formula in its comment, with
+# the same operations in the same order; in place only to spare large temporaries).
+def _rsqrt(t):  # 1 / sqrt(x)
+    np.sqrt(t, out=t)
+    np.divide(1.0, t, out=t)
 
 
-def _sigmoid(x64):
-    return _special.expit(x64)
+def _recip(t):  # 1 / x
+    np.divide(1.0, t, out=t)
 
 
-def _silu(x64):
-    return x64 * _special.expit(x64)
+def _gelu(t):  # 0.5 * x * (1 + erf(x / sqrt(2)))
+    e = np.divide(t, np.sqrt(2.0), out=np.empty_like(t))
+    _special.erf(e, out=e)
+    np.add(1.0, e, out=e)
+    np.multiply(0.5, t, out=t)
+    np.multiply(t, e, out=t)
+
+
+def _silu(t):  # x * sigmoid(x)
+    np.multiply(t, _special.expit(t), out=t)
+
+
+def _inplace(ufunc):
+    return lambda t: ufunc(t, out=t)
 
 
 _UNARY_F64 = {
-    "exp": np.exp,
-    "tanh": np.tanh,
-    "erf": _special.erf,
-    "sqrt": np.sqrt,
-    "rsqrt": lambda x: 1.0 / np.sqrt(x),
-    "recip": lambda x: 1.0 / x,
-    "sigmoid": _sigmoid,
+    "exp": _inplace(np.exp),
+    "tanh": _inplace(np.tanh),
+    "erf": _inplace(_special.erf),
+    "sqrt": _inplace(np.sqrt),
+    "rsqrt": _rsqrt,
+    "recip": _recip,
+    "sigmoid": _inplace(_special.expit),
     "gelu": _gelu,
-    "sin": np.sin,
-    "cos": np.cos,
-    "log": np.log,
+    "sin": _inplace(np.sin),
+    "cos": _inplace(np.cos),
+    "log": _inplace(np.log),
     "silu": _silu,
 }
 SPECIAL_FUNCTIONS = frozenset(_UNARY_F64)
@@ -171,11 +186,16 @@ def unary(func: str, x: np.ndarray, out: str) -> np.ndarray:
     """Elementwise function of ``x`` stored as ``out``.  ``copy`` with a new dtype is a cast."""
     if func == "copy":
         return cast(np.asarray(x, order="C"), out)
+    x = np.asarray(x)
+    if func in _UNARY_F64:  # in f64 from the operand's compute value (a float's own, exactly)
+        t = (x if x.dtype in _FLOAT_NP and x.dtype != np.float64 else widen(x)).astype(np.float64)
+        with np.errstate(all="ignore"):
+            _UNARY_F64[func](t)
+            r = t.astype(np.float32)
+        return cast(r, out)
     w = widen(x)
     with np.errstate(all="ignore"):
-        if func in _UNARY_F64:
-            r = _UNARY_F64[func](w.astype(np.float64)).astype(np.float32)
-        elif func == "neg":
+        if func == "neg":
             r = np.negative(w)
         elif func == "abs":
             r = np.abs(w)

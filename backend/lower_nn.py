@@ -319,3 +319,69 @@ def lower_reduce(op, ctx: LoweringContext) -> list[Kernel]:
         ]
 
     return row_kernel(op, ctx, axes, False, {"s": ONE} if mean else {}, body)
+
+
+@register_lowering(ops.TopKOp)
+def lower_topk(op, ctx: LoweringContext) -> list[Kernel]:
+    """One ``vtopk`` per tile of whole rows, then ``vun copy`` of its i32 indices to i64.
+
+    Lowered when ``axis`` is the innermost dim of ``x`` that is not 1 (the rows of ``k`` results
+    then lie in x's row order); another axis would need the rows transposed in and out, which is
+    refused (UnsupportedError naming the node) rather than computed wrongly."""
+    x = op.operands[0]
+    xp, xt = ctx.dram(x)
+    (vp, vt), (ip, _) = ctx.dram(op.results[0]), ctx.dram(op.results[1])
+    if vt.numel == 0:
+        return []
+    axis = op.attrs["axis"] % xt.rank
+    if any(d != 1 for d in xt.shape[axis + 1 :]):
+        raise UnsupportedError(
+            f"backend: {op.describe()}: top-k along axis {axis} of {xt} is not lowered (vtopk works "
+            "on rows: only along the innermost dim of size > 1)"
+        )
+    xd = xt.dtype.name
+    if xd in ("i64", "u64"):
+        raise UnsupportedError(
+            f"backend: {op.describe()}: top-k of {xd} values (the NPU has no 64-bit compare)"
+        )
+    c, k = xt.shape[axis], op.attrs["k"]
+    if c > U20 or k > 0xFFFF:
+        raise UnsupportedError(
+            f"backend: {op.describe()}: rows of {c} elements or k = {k} exceed vtopk's fields (cols "
+            f"<= {U20}, topk_k <= 65535)"
+        )
+    rows = xt.numel // c
+    esz, isz = elem_bytes(xt, op), 8
+    a = ctx.align
+
+    def need(j: int) -> int:
+        ins = ctx.in_slots * align_up(j * c * esz, a)
+        outs = ctx.out_slots * (align_up(j * k * esz, a) + align_up(j * k * isz, a))
+        return ins + outs + align_up(j * k * 4, a)
+
+    tj = fit_count(lambda j: need(j) <= ctx.sram_budget, min(rows, U20))
+    if tj == 0:
+        raise ctx.does_not_fit(op, f"one row of {c} elements with its {k} values and indices", need(1))
+    if xt.nbytes > OVERLAP_BYTES and math.ceil(rows / tj) < MIN_STEPS:
+        tj = min(tj, math.ceil(rows / MIN_STEPS))
+    arena = ctx.arena()
+    emit = ctx.emitter.emit
+    xin = arena.ring(ctx.in_slots, tj * c * esz, "row tile")
+    vout = arena.ring(ctx.out_slots, tj * k * esz, "top-k values")
+    iout = arena.ring(ctx.out_slots, tj * k * isz, "top-k indices (i64)")
+    idx32 = arena.alloc(tj * k * 4, "top-k indices (i32)")
+    steps: list[Step] = []
+    for rank, r0 in enumerate(range(0, rows, tj)):
+        nj = min(tj, rows - r0)
+        src, vals, idx = xin.addr(rank), vout.addr(rank), iout.addr(rank)
+        loads = dma_nd(ctx, "load", xp + r0 * c * esz, src, [Dim(nj * c, esz, esz)], esz)
+        computes = [
+            emit("vtopk", dtype=xd, dst=vals, idx=idx32, src=src, rows=nj, cols=c, topk_k=k,
+                 src_stride=c, dst_stride=k, idx_stride=k, largest=int(op.attrs["largest"])),
+            emit("vun", func="copy", in_dtype="i32", out_dtype="i64", dst=idx, src=idx32, rows=nj,
+                 cols=k, dst_stride=k, src_stride=k),
+        ]  # fmt: skip
+        stores = dma_nd(ctx, "store", vp + r0 * k * esz, vals, [Dim(nj * k, esz, esz)], esz)
+        stores += dma_nd(ctx, "store", ip + r0 * k * isz, idx, [Dim(nj * k, isz, isz)], isz)
+        steps.append(Step(loads=loads, computes=computes, stores=stores))
+    return [ctx.kernel(steps, arena)]

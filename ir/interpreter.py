@@ -313,6 +313,18 @@ def _argmax(op, args):
     return [nx.row_reduce("argmax", x2, _out(op)).reshape(op.result.type.shape)]
 
 
+@impl(ops.TopKOp)
+def _topk(op, args):
+    """numerics.topk on ``x`` with ``axis`` moved last, as (rows, n) whole rows (``vtopk``)."""
+    x = args[0]
+    axis = op.attrs["axis"] % x.ndim
+    moved = np.moveaxis(x, axis, -1)
+    x2 = np.asarray(moved, order="C").reshape(prod(moved.shape[:-1]), moved.shape[-1])
+    vals, idx = nx.topk(x2, op.attrs["k"], op.attrs["largest"], _out(op))
+    back = (*moved.shape[:-1], op.attrs["k"])
+    return [np.moveaxis(v.reshape(back), -1, axis) for v in (vals, idx)]
+
+
 @impl(ops.ReduceMeanOp)
 def _reduce_mean(op, args):
     x2, count = _reduce_rows(op, args[0])

@@ -378,6 +378,32 @@ def _argmax(ctx, ins):
     return [ctx.emit(ops.ArgMaxOp, [x], {"axes": [axis], "keepdims": bool(ctx.attr("keepdims", 1))})]
 
 
+@handles("TopK")
+def _topk(ctx, ins):
+    """TopK-1 (``k`` an attribute), -10 (``k`` an input) and -11 (``largest``, ``sorted``, negative
+    axes); ``k`` must be a constant.  Two outputs: values and i64 indices."""
+    x = ins[0]
+    if len(ins) > 1 and ins[1] is not None:
+        ks = ctx.ints(ins[1], "k")
+        if len(ks) != 1:
+            raise ctx.unsupported(f"k must hold exactly one value, got {len(ks)}")
+        k = ks[0]
+    elif "k" in ctx.attrs:
+        k = int(ctx.attr("k"))
+    else:
+        raise ctx.unsupported("TopK without k (neither an input nor an attribute)")
+    rank = len(ctx.shape(x))
+    axis = int(ctx.attr("axis", -1))
+    if not -rank <= axis < rank:
+        raise ctx.unsupported(f"axis {axis} is out of range for rank {rank}")
+    size = ctx.shape(x)[axis]
+    if not 0 <= k <= size:
+        raise ctx.unsupported(f"k = {k} is outside [0, {size}] (the size of axis {axis})")
+    largest, srt = bool(ctx.attr("largest", 1)), bool(ctx.attr("sorted", 1))
+    attrs = {"axis": axis, "k": k, "largest": largest, "sorted": srt}
+    return list(ctx.emit(ops.TopKOp, [x], attrs))
+
+
 # The constant, shape and data-movement handlers live in their own module and register into the
 # tables above when imported; importing them here keeps HANDLERS complete for every caller.
 from mcpc.ir import onnx_handlers_quant, onnx_handlers_shape  # noqa: E402, F401

@@ -46,6 +46,7 @@ from mcpc.ir.ops_nn import (
     ReduceOp,
     ReduceSumOp,
     SoftmaxOp,
+    TopKOp,
 )
 from mcpc.ir.ops_qmatmul import MatMulQAOp, MatMulW4A16Op
 from mcpc.ir.ops_quant import DequantizeOp, QuantizeOp
@@ -100,6 +101,7 @@ __all__ = [
     "QuantizeOp",
     "ReciprocalOp",
     "ArgMaxOp",
+    "TopKOp",
     "ReduceMaxOp",
     "ReduceMeanOp",
     "ReduceOp",

@@ -200,3 +200,35 @@ class ArgMaxOp(ReduceOp):
             raise ValueError("argmax over an axis of 0 elements")
         (result,) = super().infer_types(operand_types, attrs)
         return [result.with_dtype(I64)]
+
+
+class TopKOp(Operation):
+    """``mcp.topk x {axis, k, largest = true, sorted = true}``: the ``k`` largest (descending) or
+    smallest (ascending) elements of ``x`` along ``axis`` and their indices (i64), as ONNX TopK:
+    equal values keep ascending index order, a NaN counts as larger than +inf.  Two results:
+    values (``x``'s dtype) and indices, both ``x``'s shape with ``k`` along ``axis``.  ``sorted =
+    false`` leaves the order unspecified (ONNX); the op returns it sorted all the same."""
+
+    name = "mcp.topk"
+    NUM_OPERANDS = 1
+    NUM_RESULTS = 2
+    ATTRS = {
+        "axis": Attr("int", -1),
+        "k": Attr("int", doc="how many elements to keep (0 <= k <= the axis size)"),
+        "largest": Attr("bool", True),
+        "sorted": Attr("bool", True),
+    }
+
+    @classmethod
+    def infer_types(cls, operand_types, attrs):
+        (x,) = operand_types
+        if x.dtype.name == "i1":
+            raise ValueError(f"cannot take the top-k of an i1 tensor ({x})")
+        if x.rank == 0:
+            raise ValueError("topk needs an operand of rank >= 1")
+        axis = normalize_axis(attrs["axis"], x.rank)
+        k = attrs["k"]
+        if not 0 <= k <= x.shape[axis]:
+            raise ValueError(f"k = {k} is outside [0, {x.shape[axis]}] (the size of axis {axis} of {x})")
+        shape = tuple(k if i == axis else d for i, d in enumerate(x.shape))
+        return [TensorType(shape, x.dtype), TensorType(shape, I64)]

@@ -281,6 +281,7 @@ DESTINATION[_matmul_w4a16], SOURCES[_matmul_w4a16] = 2, (0, 1)
 DESTINATION[_vdequant], SOURCES[_vdequant] = 1, (0,)
 DESTINATION[_qa], SOURCES[_qa] = 2, (0, 1)
 LOAD, STORE, GATHER, MATMUL, SETR, TRAP, NOP = _load, _store, _gather, _matmul, _setr, _trap, _nop
+VTOPK = _vtopk
 _TIMING_TWINS = {_load: _dma_check, _store: _dma_check, _setr: _setr, _trap: _trap, _nop: _nop}
 _TIMING_TWINS.update({_salu: _salu, _setq: _setq})  # register writes: run-time extents follow them
 _TIMING_TWINS.update(dict.fromkeys((_gather, _matmul, _matmul_cached, _vtopk, *DESTINATION), _nop))

@@ -168,16 +168,21 @@ def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
 def _bytes_of(wid: np.ndarray, d: tuple) -> np.ndarray:
     """The entries of ``wid`` (one per SRAM byte) under operand descriptor ``d``."""
     addr, rows, cols, row_step, col_step, dt, packed = d
+    e = wid.itemsize
     if packed is not None:
         per_row = cols if col_step else 1
-        shape, strides = (rows, nbytes(packed, per_row)), (row_step * 4, 4)
+        shape, strides = (rows, nbytes(packed, per_row)), (row_step * e, e)
     else:
-        shape, strides = (rows, cols, dt.itemsize), (row_step * 4, col_step * 4, 4)
-    return np.ndarray(shape, dtype=_I32, buffer=wid, offset=addr * 4, strides=strides)
+        shape, strides = (rows, cols, dt.itemsize), (row_step * e, col_step * e, e)
+    return np.ndarray(shape, dtype=wid.dtype, buffer=wid, offset=addr * e, strides=strides)
 
 
-def _key(wid: np.ndarray, d: tuple, role: tuple, idx: int) -> tuple | None:
-    """The slot key of operand ``d`` of matmul ``idx``, or None when some byte is not constant."""
+def _key(wid: np.ndarray, src: np.ndarray, d: tuple, role: tuple, idx: int) -> tuple | None:
+    """The slot key of operand ``d`` of matmul ``idx``, or None when some byte is not constant.
+
+    Operands whose bytes are the constant DRAM bytes at an affine run of addresses share one key
+    (and one prepared tile) whichever loads brought them in: a weight loaded again for every row
+    tile is prepared once."""
     if d[6] is not None:
         return None  # packed 4-bit operands are unpacked per use; not cached
     v = _bytes_of(wid, d)
@@ -186,6 +191,14 @@ def _key(wid: np.ndarray, d: tuple, role: tuple, idx: int) -> tuple | None:
     lo, hi = int(v.min()), int(v.max())
     if lo < 0:
         return None
+    a = _bytes_of(src, d)  # the DRAM address each byte was loaded from
+    rows, cols, size = a.shape
+    first = int(a[0, 0, 0])
+    dr = int(a[1, 0, 0]) - first if rows > 1 else 0
+    dc = int(a[0, 1, 0]) - first if cols > 1 else 0
+    affine = first + dr * np.arange(rows)[:, None, None] + dc * np.arange(cols)[None, :, None]
+    if np.array_equal(a, affine + np.arange(size)):
+        return ("dram", first, dr, dc, rows, cols, d[5].str, *role)
     # one load wrote every byte: the same bytes for every matmul reading this operand after it
     return (lo, *d[:5], d[5].str, *role) if lo == hi else ("at", idx, *role)
 
@@ -194,6 +207,7 @@ def _replay(program: Any, st: State, order: range) -> Plan:
     n = len(order)
     peak = int(program.sram_hi[order.start : order.stop].max()) if n else 0
     wid = np.full(max(peak, 1), -1, dtype=_I32)
+    src = np.full(max(peak, 1), -1, dtype=np.int64)  # per SRAM byte: its constant DRAM address
     stores: list[tuple[int, int]] = []
     keys: dict[int, tuple] = {}
     const_loads: set[int] = set()
@@ -222,13 +236,19 @@ def _replay(program: Any, st: State, order: range) -> Plan:
                 read(sram_side)
             elif st.in_const(lo, hi) and not reg:  # a register offset may read elsewhere next run
                 sram_side[...] = idx
+                addr = lo + dram_stride * np.arange(rows)[:, None] + np.arange(row_bytes)
+                np.ndarray((rows, row_bytes), np.int64, src, sram * 8, (sram_stride * 8, 8))[...] = addr
                 const_loads.add(idx)
             else:
                 sram_side[...] = -1
         elif fn is ex.GATHER:
-            _, idx_addr, count, row_bytes, _, sram, sram_stride, _ = a
+            _, idx_addr, count, row_bytes, _, sram, sram_stride = a[:7]
             read(np.ndarray((count, 4), _I32, wid, idx_addr * 4, (16, 4)))
             np.ndarray((count, row_bytes), _I32, wid, sram * 4, (sram_stride * 4, 4))[...] = -1
+        elif fn is ex.VTOPK:  # two destinations: the values and their indices
+            read(_bytes_of(wid, a[0]))
+            _bytes_of(wid, a[1])[...] = -1
+            _bytes_of(wid, a[2])[...] = -1
         else:
             d, sources = ex.DESTINATION.get(fn), ex.SOURCES.get(fn)
             if d is None or sources is None:
@@ -236,7 +256,8 @@ def _replay(program: Any, st: State, order: range) -> Plan:
             if fn is ex.MATMUL:
                 A, B, C, trans_b, acc = a
                 f64 = ex.matmul_in_f64(A[5], B[5], A[2])
-                ka, kb = _key(wid, A, ("A", False, f64), idx), _key(wid, B, ("B", trans_b, f64), idx)
+                ka = _key(wid, src, A, ("A", False, f64), idx)
+                kb = _key(wid, src, B, ("B", trans_b, f64), idx)
                 if ka is not None or kb is not None:
                     keys[idx] = (ka, kb)
                 sources = [k for k, key in ((0, ka), (1, kb)) if key is None] + ([2] if acc else [])

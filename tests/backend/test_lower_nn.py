@@ -3,8 +3,9 @@ for every axis pattern, dtype, SRAM size and target."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-from test_lower_vector import compile_check, mnemonics, single_op
+from test_lower_vector import compile_check, mnemonics, module_of, single_op
 
 from mcpc.arch.target import load_target
 from mcpc.backend import compile_to_program
@@ -127,3 +128,38 @@ def test_argmax_over_one_axis(dtype):
     # Many rows under a small SRAM: the index stays the row's (whole rows per tile).
     m = single_op(ops.ArgMaxOp, [((40, 96), dtype)], {"axes": [1], "keepdims": False})
     compile_check(m, overrides=["sram.size_bytes=4096"])
+
+
+def _topk_module(shape, dtype, attrs):
+    return module_of([("x", shape, dtype)], lambda fn, args: fn.append(ops.TopKOp(args, attrs)).results)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "i32"])
+@pytest.mark.parametrize(
+    "shape,attrs",
+    [
+        ((4, 16), {"k": 3}),
+        ((2, 5, 7), {"k": 7, "largest": False}),
+        ((6, 1), {"axis": 0, "k": 2}),  # the innermost dim of size > 1
+        ((33,), {"k": 1}),
+    ],
+)
+def test_topk_along_rows(dtype, shape, attrs):
+    _, instrs, _ = compile_check(_topk_module(shape, dtype, attrs))
+    assert "vtopk" in mnemonics(instrs)
+    assert all(i.topk_k == attrs["k"] for i in instrs if i.op == "vtopk")
+
+
+def test_topk_ties_nan_and_small_sram():
+    """Equal values keep ascending index order and NaN counts as the largest, on the simulator as
+    in the interpreter (compile_check compares bits), with many row tiles under a small SRAM."""
+    x = np.tile(np.array([1.0, np.nan, 3.0, 3.0, -np.inf, 1.0, 0.0, 3.0], np.float32), (40, 1))
+    module = _topk_module((40, 8), "f32", {"k": 4})
+    result, instrs, _ = compile_check(module, {"x": x}, overrides=["sram.size_bytes=4096"])
+    assert result.outputs["y1"][0].tolist() == [1, 2, 3, 7]
+    assert sum(i.op == "vtopk" for i in instrs) > 1
+
+
+def test_topk_along_an_outer_axis_is_refused_naming_the_op():
+    with pytest.raises(UnsupportedError, match="mcp.topk.*axis 0"):
+        compile_to_program(_topk_module((5, 4), "f32", {"axis": 0, "k": 2}), load_target("mcp2026-edge"))

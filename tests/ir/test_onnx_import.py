@@ -113,7 +113,7 @@ def test_unsupported_nodes_are_all_listed():
     nodes = [
         helper.make_node("Relu", ["x"], ["a"], name="ok"),
         helper.make_node("NonZero", ["a"], ["nz"], name="nonzero_1"),
-        helper.make_node("TopK", ["a", "k"], ["v", "i"], name="topk_1"),
+        helper.make_node("Hardmax", ["a"], ["v"], name="hardmax_1"),
         helper.make_node("FusedMatMul", ["a", "a"], ["fm"], name="ms_1", domain="com.microsoft"),
         helper.make_node("Gelu", ["a"], ["g"], name="gelu_bad", approximate="erf"),
     ]
@@ -121,7 +121,7 @@ def test_unsupported_nodes_are_all_listed():
         nodes,
         "g",
         [vi("x", [4, 4])],
-        [vi("nz", [2, "n"], TensorProto.INT64), vi("v", [4, 2]), vi("fm", [4, 4]), vi("g", [4, 4])],
+        [vi("nz", [2, "n"], TensorProto.INT64), vi("v", [4, 4]), vi("fm", [4, 4]), vi("g", [4, 4])],
         [numpy_helper.from_array(np.array([2], np.int64), "k")],
     )
     opsets = [helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)]
@@ -130,7 +130,7 @@ def test_unsupported_nodes_are_all_listed():
         import_onnx(model)
     msg = str(e.value)
     assert "node 'nonzero_1' (op_type NonZero, opset 20)" in msg
-    assert "node 'topk_1' (op_type TopK, opset 20)" in msg
+    assert "node 'hardmax_1' (op_type Hardmax, opset 20)" in msg
     assert "node 'ms_1' (op_type FusedMatMul, domain com.microsoft" in msg
     assert "node 'gelu_bad' (op_type Gelu, opset 20): approximate='erf'" in msg
     assert "'ok'" not in msg

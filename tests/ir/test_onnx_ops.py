@@ -251,6 +251,24 @@ CASES = [
     Case("trilu_lower_k", "Trilu", {"x": f(2, 4, 5)}, {"k": np.array(-1, np.int64)}, attrs={"upper": 0}),
     Case("argmax_axis1", "ArgMax", {"x": f(3, 7, 2)}, attrs={"axis": 1}),
     Case("argmax_last_nokeep", "ArgMax", {"x": f(4, 9)}, attrs={"axis": -1, "keepdims": 0}),
+    Case("topk_last", "TopK", {"x": f(3, 7)}, {"k": i64(3)}, n_out=2),
+    Case("topk_min", "TopK", {"x": f(2, 5, 4)}, {"k": i64(2)}, attrs={"axis": 1, "largest": 0}, n_out=2),
+    Case("topk_axis0_all", "TopK", {"x": f(6, 3)}, {"k": i64(6)}, attrs={"axis": -2}, n_out=2),
+    Case(
+        "topk_int_ties",  # equal values: the lower index first
+        "TopK",
+        {"x": np.array([[3, 1, 3, 2, 1, 3], [0, 0, 0, 0, 0, 0]], np.int32)},
+        {"k": i64(4)},
+        n_out=2,
+    ),
+    Case(
+        "topk_int_ties_smallest",
+        "TopK",
+        {"x": np.array([[3, 1, 3, 2, 1, 3]], np.int64)},
+        {"k": i64(3)},
+        attrs={"largest": 0},
+        n_out=2,
+    ),
 ]
 
 CONSTANT_CASES = [

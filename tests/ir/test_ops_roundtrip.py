@@ -50,6 +50,7 @@ SAMPLES = {
     "mcp.reduce_mean": _REDUCE,
     "mcp.reduce_max": ([t(2, 3, 4, dtype=I32)], {"axes": [1], "keepdims": True}),
     "mcp.argmax": ([t(2, 3, 4, dtype=F16)], {"axes": [1], "keepdims": False}),
+    "mcp.topk": ([t(2, 3, 4, dtype=F16)], {"axis": -2, "k": 2, "largest": False, "sorted": True}),
     "mcp.reshape": ([t(2, 3, 4)], {"shape": [6, 4]}),
     "mcp.transpose": ([t(2, 3, 4)], {"perm": [2, 0, 1]}),
     "mcp.concat": ([t(2, 3), t(2, 1), t(2, 0)], {"axis": -1}),

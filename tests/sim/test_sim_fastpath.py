@@ -93,3 +93,84 @@ halt
     for _ in range(3):  # the constant is 2 again in every run (not the 6 the last run stored)
         assert np.array_equal(run_program(program, x).outputs["y"], np.full((1, 8), 6.0, np.float32))
     assert fastpath.state(program).plans["main"] is None
+
+
+def test_a_program_with_a_gather_runs_on_its_own_machine(monkeypatch):
+    """An embedding lookup (gather of constant rows at input indices) then a product with a constant
+    weight: the plan is made (a gather does not make the analysis give up) and every run gives the
+    bits of a fresh machine."""
+    rng = np.random.default_rng(3)
+    table = rng.standard_normal((8, 4)).astype(np.float32)
+    weight = rng.standard_normal((4, 4)).astype(np.float32)
+    consts = table.tobytes() + weight.tobytes()
+    io = {"inputs": {"ids": ("i32", (1, 4))}, "outputs": {"y": ("f32", (4, 4))}}
+    _, at = build("halt", **io, constants=consts)
+    code = f"""
+load dram={at["ids"]} sram=0x0 rows=1 row_bytes=16
+load dram=128 sram=0x200 rows=1 row_bytes=64
+gather dram=0 sram_idx=0x0 count=4 row_bytes=16 dram_stride=16 sram=0x100 sram_stride=16 limit=8 signal=EX
+matmul a=0x100 b=0x200 c=0x300 m=4 n=4 k=4 a_stride=4 b_stride=4 c_stride=4 wait=LD signal=ST
+store dram={at["y"]} sram=0x300 rows=1 row_bytes=64 wait=EX
+halt
+"""
+    prog = build(code, **io, constants=consts)[0]
+    program = from_program(prog)
+    for ids in ([[1, 2, 3, 4]], [[7, 0, 0, 5]], [[6, 6, 1, 2]]):
+        x = {"ids": np.array(ids, dtype=np.int32)}
+        y = run_program(program, x).outputs["y"]
+        _same({"y": y}, _fresh(from_program(prog), x, monkeypatch))
+        np.testing.assert_allclose(y, table[ids[0]] @ weight, rtol=1e-6)
+    assert fastpath.state(program).plans["main"] is not None
+
+
+def test_a_program_with_vtopk_runs_on_its_own_machine(monkeypatch):
+    """Top-k (two destinations) of x times a constant row: the plan is made, runs match fresh ones."""
+    consts = np.linspace(-1, 1, 8, dtype=np.float32).tobytes()
+    io = {"inputs": {"x": ("f32", (2, 8))}, "outputs": {"v": ("f32", (2, 3)), "i": ("i32", (2, 3))}}
+    _, at = build("halt", **io, constants=consts)
+    vbin = "vbin func=mul in_dtype=f32 out_dtype=f32 dst=0x200 src0=0x100 src1=0x0 rows=2 cols=8"
+    vtopk = "vtopk dtype=f32 dst=0x300 idx=0x400 src=0x200 rows=2 cols=8 topk_k=3 largest=1"
+    code = f"""
+load dram=0 sram=0x0 rows=1 row_bytes=32
+load dram={at["x"]} sram=0x100 rows=1 row_bytes=64 signal=EX
+{vbin} dst_stride=8 s0_stride=8 s1_stride=0 wait=LD
+{vtopk} src_stride=8 dst_stride=3 idx_stride=3 signal=ST
+store dram={at["v"]} sram=0x300 rows=1 row_bytes=24 wait=EX
+store dram={at["i"]} sram=0x400 rows=1 row_bytes=24
+halt
+"""
+    prog = build(code, **io, constants=consts)[0]
+    program = from_program(prog)
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        x = {"x": rng.standard_normal((2, 8)).astype(np.float32)}
+        _same(run_program(program, x).outputs, _fresh(from_program(prog), x, monkeypatch))
+    assert fastpath.state(program).plans["main"] is not None
+
+
+def test_a_weight_loaded_twice_is_prepared_once(monkeypatch):
+    """Two loads of the same constant bytes (to different SRAM places, as for two row tiles) feed
+    two matmuls: one slot holds the prepared weight for both, and runs match fresh ones."""
+    rng = np.random.default_rng(6)
+    weight = rng.standard_normal((4, 4)).astype(np.float16)
+    io = {"inputs": {"x": ("f16", (2, 4))}, "outputs": {"y": ("f32", (2, 4))}}
+    _, at = build("halt", **io, constants=weight.tobytes())
+    mm = "matmul in_dtype=f16 m=1 n=4 k=4 a_stride=4 b_stride=4 c_stride=4"
+    code = f"""
+load dram=0 sram=0x200 rows=1 row_bytes=32
+load dram={at["x"]} sram=0x0 rows=1 row_bytes=16
+load dram=0 sram=0x600 rows=1 row_bytes=32 signal=EX
+{mm} a=0x0 b=0x200 c=0x300 wait=LD
+{mm} a=0x8 b=0x600 c=0x310 signal=ST
+store dram={at["y"]} sram=0x300 rows=1 row_bytes=32 wait=EX
+halt
+"""
+    prog = build(code, **io, constants=weight.tobytes())[0]
+    program = from_program(prog)
+    for _ in range(3):
+        x = {"x": rng.standard_normal((2, 4)).astype(np.float16)}
+        y = run_program(program, x).outputs["y"]
+        _same({"y": y}, _fresh(from_program(prog), x, monkeypatch))
+        np.testing.assert_allclose(y, x["x"].astype(np.float32) @ weight.astype(np.float32), rtol=1e-5)
+    st = fastpath.state(program)
+    assert st.plans["main"] is not None and len(st.slots) == 1
