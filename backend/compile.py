@@ -224,7 +224,7 @@ def _lower_with_residents(
     ctx.sram_base, ctx.sram_budget = residents.size, size - residents.size
     try:
         return _lower_function(fn, ctx, "ring" if keep and prefetch else prefetch, fusion)
-    except DoesNotFit:
+    except PassError:  # DoesNotFit, or a fixed tile too big for the SRAM left
         if not residents.size:
             raise
         ctx.emitter.counts = counts
