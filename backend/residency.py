@@ -160,7 +160,12 @@ class _Index:
 
 
 def _dma_range(instr: Any) -> tuple[int, int]:
+    """The DRAM bytes a load or store touches; all of DRAM when a register offsets its address or
+    sets its row count (not known here: such a DMA is never turned into a copy, and a store of it
+    keeps every value live at its kernel out of SRAM)."""
     f = instr.fields
+    if f.get("dram_reg") or f.get("rows_reg"):
+        return (0, 1 << 62)
     rows, rb, stride = f["rows"], f["row_bytes"], f["dram_stride"]
     if rows <= 0 or rb <= 0:
         return (f["dram"], f["dram"])

@@ -180,3 +180,23 @@ def test_forwarded_kernel_sequences_are_balanced_and_race_free(kernels, output):
     plan = ResidentPlan(size=len(kernels) * 16 * ROW, values=values)
     forward(built, list(range(len(built))), plan, Emitter(load_target("mcp2026-a100")))
     check_hazards(schedule(built, prefetch=True, early_compute=True))
+
+
+def test_register_offset_dma_is_never_forwarded():
+    """A DMA whose address a register offsets may touch any byte: it stays a DMA, and a store of
+    it keeps the values live at its kernel out of SRAM (their stores stay, nothing reads them on chip)."""
+    em = Emitter(load_target("mcp2026-a100"))
+    producer = build_kernel([(True, True, True)], 1, 1, src=0, dst=65536, sram_base=4096)
+    consumer = build_kernel([(True, True, True)], 1, 1, src=65536, dst=131072, sram_base=8192)
+    (ld,) = consumer.steps[0].loads
+    consumer.steps[0].loads = [ld.replace(dram_reg=3)]  # set after the Kernel's contract check
+    plan = ResidentPlan(size=1024, values=[Resident(0, 65536, 16 * ROW, 0, 1)])
+    forward([producer, consumer], [0, 1], plan, em)
+    assert consumer.steps[0].loads and consumer.steps[0].loads[0].fields["dram_reg"] == 3
+    assert producer.steps[0].stores and plan.forwarded_loads == 0
+    # the same consumer without the register reads the producer's result on chip
+    producer = build_kernel([(True, True, True)], 1, 1, src=0, dst=65536, sram_base=4096)
+    consumer = build_kernel([(True, True, True)], 1, 1, src=65536, dst=131072, sram_base=8192)
+    plan = ResidentPlan(size=1024, values=[Resident(0, 65536, 16 * ROW, 0, 1)])
+    forward([producer, consumer], [0, 1], plan, em)
+    assert not consumer.steps[0].loads and plan.forwarded_loads == 1 and not producer.steps[0].stores
