@@ -10,13 +10,13 @@ DEMO   ?= encoder_block
 # Extra mcp-compile flags for the demo, e.g. COMPILE_FLAGS="--dim seq=32" for decoder_block.
 COMPILE_FLAGS ?=
 
-.PHONY: demo test test-all lint venv clean conformance real-models llm-models bench fuzz
+.PHONY: demo test test-all lint venv clean conformance real-models llm-models bench fuzz extras test-tools ci-examples quant-eval
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,models]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,models,quant]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -36,6 +36,20 @@ test: lint
 
 test-all: lint
 	$(BIN)/pytest
+
+# The optional extra the heavier tool tests use: ray (mcpc sweep --ray-address).
+extras: $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,models,ray]'
+
+# The heavier tests of mcpc ci / sweep / report: the process pool, a killed sweep resuming, a sweep on
+# a local Ray (`make extras`), the report in headless Chromium (Debian's chromium; .ci/run installs it).
+test-tools: $(STAMP)
+	$(BIN)/pytest tests/ci -m slow
+
+# mcpc ci over the shipped examples: examples/ci.yaml reads them from out/ (what `make demo` builds).
+ci-examples: $(STAMP)
+	$(BIN)/mcpc examples build out
+	$(BIN)/mcpc ci examples/ci.yaml --junit out/ci-junit.xml --json out/ci.json
 
 # ONNX backend node tests: import + interpreter (level 1) and compile + simulate (level 2).
 conformance: $(STAMP)
@@ -59,6 +73,12 @@ llm-models: $(STAMP)
 # `make bench BENCH_ARGS=--quick` for the one-minute run; results in bench/results.{json,md}.
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+# Quantization accuracy on MiniLM-L3 (docs/quant-eval.md): every shipped quantization config against
+# ONNX Runtime fp32 and ONNX Runtime's 4-bit quantizer, on the committed English sentences.
+quant-eval: $(STAMP)
+	mkdir -p $(OUT)
+	$(BIN)/python tests/quant/minilm_eval.py --json $(OUT)/quant-eval.json --markdown $(OUT)/quant-eval.md
 
 # Property-based fuzzing of the three doors a user hands us (ONNX, YAML configs/targets, .mcpb):
 # FUZZ_EXAMPLES hypothesis examples per fuzz test (each door has two or three tests; the default test

@@ -34,8 +34,10 @@ from .isa import INSTR_BYTES, ISA_VERSION, Instr, decode_program
 
 MAGIC = b"MCPB\0\r\n\x1a"
 VERSION_MAJOR = 2  # TEXT holds ISA v2 words (mcpc.arch.isa.ISA_VERSION)
-VERSION_MINOR = 0
+VERSION_MINOR = 1  # 2.1: the optional HREG section (host registers), MMAP kind "persistent"
 SECTION_ORDER = ("TEXT", "CNST", "ENTR", "IOBD", "MMAP", "DBUG", "TRGT", "META")
+# Optional sections: written after the required ones, only when the program has what they hold.
+OPTIONAL_SECTIONS = {"HREG": "host_registers"}
 _JSON_SECTIONS = {"ENTR": "entries", "IOBD": "io", "MMAP": "memory_map", "DBUG": "debug", "META": "meta"}
 _FIXED = struct.Struct("<8sHHI")  # magic, major, minor, flags
 _ENTRY = struct.Struct("<4sQQI")  # tag, offset, size, crc32
@@ -51,7 +53,8 @@ class Program:
     bytes, onnx_dtype}`` per tensor; ``memory_map``: ``{dram_size, regions, sram_peak_bytes}``;
     ``debug``: one ``{ir_op, onnx_node, op_type}`` per instruction; ``meta``: compiler version,
     precision, tolerances, passes, source model basename.  ``target_digest`` is sha256 hex of
-    ``target_json``.
+    ``target_json``.  ``host_registers``: ``[{name, reg, min, max, entries}]``, the scalar registers
+    the host sets by name for each run (section HREG, written only when there are some).
     """
 
     target_json: str
@@ -64,6 +67,7 @@ class Program:
     memory_map: dict = field(default_factory=dict)
     debug: list = field(default_factory=list)
     meta: dict = field(default_factory=dict)
+    host_registers: list = field(default_factory=list)
 
     @classmethod
     def for_target(cls, target: Any, text: bytes, **sections: Any) -> Program:
@@ -149,7 +153,12 @@ def _chunks(program: Program) -> list[bytes]:
     payloads = {"TEXT": bytes(program.text), "CNST": bytes(program.constants), "TRGT": trgt}
     for tag, attr in _JSON_SECTIONS.items():
         payloads[tag] = _json_bytes(tag, getattr(program, attr))
-    return _pack(program.target_name, digest, [(tag, payloads[tag]) for tag in SECTION_ORDER])
+    order = list(SECTION_ORDER)
+    for tag, attr in OPTIONAL_SECTIONS.items():
+        if getattr(program, attr):
+            payloads[tag] = _json_bytes(tag, getattr(program, attr))
+            order.append(tag)
+    return _pack(program.target_name, digest, [(tag, payloads[tag]) for tag in order])
 
 
 def program_bytes(program: Program) -> bytes:
@@ -255,6 +264,9 @@ def _parse(data: bytes, source: str) -> Program:
             f"{source}: TEXT section of {len(payloads['TEXT'])} bytes is not a multiple of {INSTR_BYTES}"
         )
     sections = {attr: _load_json(source, tag, payloads[tag]) for tag, attr in _JSON_SECTIONS.items()}
+    for tag, attr in OPTIONAL_SECTIONS.items():
+        if tag in payloads:
+            sections[attr] = _load_json(source, tag, payloads[tag])
     program = Program(
         target_json=payloads["TRGT"].decode("utf-8", errors="replace"),
         target_name=target_name,
@@ -264,6 +276,7 @@ def _parse(data: bytes, source: str) -> Program:
         **sections,
     )
     _check_entries(source, program)
+    _check_host_registers(source, program)
     return program
 
 
@@ -300,6 +313,32 @@ def _check_entries(source: str, program: Program) -> None:
                 f"{source}: entry point {e['name']!r} (start {e['start']}, count {e['count']}) "
                 f"runs past the end of TEXT ({n_instr} instructions)"
             )
+
+
+def _check_host_registers(source: str, program: Program) -> None:
+    """HREG: a list of ``{name, reg, min, max, entries}`` with distinct names and registers
+    r1..r15, ``min <= max`` within s32, and ``entries`` naming entry points."""
+    regs = program.host_registers
+    if not isinstance(regs, list):
+        raise InputError(f"{source}: section HREG must be a list of host registers")
+    entries = {e["name"] for e in program.entries}
+    names, numbers = set(), set()
+
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    for r in regs:
+        ok = isinstance(r, dict) and isinstance(r.get("name"), str) and r["name"] != ""
+        ok = ok and all(is_int(r.get(k)) for k in ("reg", "min", "max"))
+        ok = ok and isinstance(r.get("entries"), list) and all(e in entries for e in r["entries"])
+        ok = ok and 0 < r["reg"] < 16 and -(1 << 31) <= r["min"] <= r["max"] < 1 << 31
+        if not ok or r["name"] in names or r["reg"] in numbers:
+            raise InputError(
+                f"{source}: section HREG: malformed host register {r!r} (need a unique name, a unique "
+                "reg in 1..15, s32 min <= max and the entries that read it)"
+            )
+        names.add(r["name"])
+        numbers.add(r["reg"])
 
 
 def section_table(path_or_bytes: str | os.PathLike | bytes) -> list[tuple[str, int, int, int]]:

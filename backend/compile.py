@@ -19,12 +19,13 @@ from mcpc.arch.mcpb import Program
 from mcpc.backend.emitter import NO_NODE, Emitter
 from mcpc.backend.fusion import FusionGroup, FusionPlan, plan_fusion
 from mcpc.backend.lower_matmul import epilogue_sram_bytes, matmul_kernel
+from mcpc.backend.lower_state import host_register_records, register_kernel
 from mcpc.backend.lowering import LoweringContext, load_lowerings, lowering_for
 from mcpc.backend.memory import ALIAS_OPS, plan_dram
 from mcpc.backend.residency import ResidentPlan, forward, plan_residents
 from mcpc.backend.schedule import Kernel, schedule_with_debug
 from mcpc.errors import DoesNotFit, PassError, UnsupportedError, does_not_fit
-from mcpc.ir.ops import ConstantOp, MatMulOp, ReturnOp
+from mcpc.ir.ops import ConstantOp, HostRegOp, MatMulOp, ReturnOp, ScalarOp
 
 # Default check tolerances per build precision, used when the options give none (``mcpc check``
 # reads them from META; the shipped QAT configs' ``check:`` sections carry the same values).
@@ -33,7 +34,8 @@ TOLERANCES: dict[str, dict[str, float]] = {
     "fp16": {"max_norm_err": 5e-2, "min_cosine": 0.999, "min_top1": 0.99},
 }
 CHECK_KEYS = ("max_norm_err", "min_cosine", "min_top1", "rtol", "atol")
-_NO_CODE = (ConstantOp, ReturnOp, *ALIAS_OPS)
+# HostRegOp and ScalarOp are computed by each entry's register kernel (lower_state.register_kernel).
+_NO_CODE = (ConstantOp, ReturnOp, HostRegOp, ScalarOp, *ALIAS_OPS)
 
 
 @dataclass(frozen=True)
@@ -151,19 +153,24 @@ def compile_to_program(
     keep = opts.keep_in_sram
     if keep is None:
         keep = bool(module.attrs.get("keep_in_sram", True))
-    ctx = LoweringContext(target, em, double_buffer, plan.placements, plan.constants)
+    ctx = LoweringContext(target, em, double_buffer, plan.placements, plan.constants, globals=plan.globals)
     text: list[Instr] = []
     debug: list[dict] = []
     entries, io = [], {}
     for fn in module.functions.values():
+        ctx.registers = {}
+        prologue = register_kernel(module, fn, ctx)
         residents = ResidentPlan()
         if keep:
             reserve = resident_reserve(fn, target, slots, fusion[fn.name])
             residents = plan_residents(fn, plan.placements, fusion[fn.name].positions, ctx.align, reserve)
         kernels, kpos = _lower_with_residents(fn, ctx, prefetch, keep, fusion[fn.name], residents)
-        forward(kernels, kpos, residents, em)
+        if prologue is not None:  # sets the registers before every op (position -1)
+            kernels, kpos = [prologue, *kernels], [-1, *kpos]
+        regions = persistent_ranges(plan.regions)
+        forward(kernels, kpos, residents, em, regions)
         ctx.sram_peak = max(ctx.sram_peak, residents.size)
-        instrs, dbg = schedule_with_debug(kernels, prefetch, early_compute=keep)
+        instrs, dbg = schedule_with_debug(kernels, prefetch, regions, early_compute=keep)
         instrs.append(Instr("halt", {}))
         dbg.append(None)
         entries.append({"name": fn.name, "start": len(text), "count": len(instrs)})
@@ -196,8 +203,14 @@ def compile_to_program(
     }
     return Program.for_target(
         target, encode_program(text), constants=plan.cnst, entries=entries, io=io,
-        memory_map=memory_map, debug=debug, meta=meta,
+        memory_map=memory_map, debug=debug, meta=meta, host_registers=host_register_records(module),
     )  # fmt: skip
+
+
+def persistent_ranges(regions: list[dict]) -> list[tuple[int, int]]:
+    """DRAM ``[lo, hi)`` of every persistent region: register-offset accesses based in one stay in
+    it (the IR verifier proves their offsets, ``ir/state.py``), so hazards are tracked per region."""
+    return [(r["dram"], r["dram"] + r["bytes"]) for r in regions if r.get("kind") == "persistent"]
 
 
 def fusion_plan(fn: Any, target: Any, slots: tuple[int, int]) -> FusionPlan:

@@ -86,13 +86,21 @@ def _span(base: int, rows: int, cols: float, stride: float, size: float) -> tupl
     return (base, base + math.ceil(((rows - 1) * stride + cols) * size))
 
 
-def footprint(instr: Instr, regs: Sequence[int | None] | None = None) -> list[tuple[str, int, int, bool]]:
+def footprint(
+    instr: Instr,
+    regs: Sequence[int | None] | None = None,
+    regions: Sequence[tuple[int, int]] | None = None,
+) -> list[tuple[str, int, int, bool]]:
     """Memory touched by ``instr``: ``(memory, lo, hi, is_write)`` with memory one of ``MEMORIES``.
 
     Read from the instruction's spec (``InstrSpec.access``).  Strided operands are covered by one
     interval from the first to the last byte; a run-time row count is covered by its encoded
     maximum.  A DRAM address offset by register r uses ``regs[r]`` when it is known (not None);
-    otherwise the access covers all of DRAM.  Raises ScheduleError for a mnemonic without an
+    otherwise the access covers the whole of the DRAM region of ``regions`` (``(lo, hi)`` byte
+    ranges whose register-offset accesses are known to stay inside them: the persistent
+    buffers, ``ir/state.py`` proves it) that holds its base address, else all of DRAM.  So a
+    register-offset access conflicts with every access to its region, and nothing outside it.
+    Raises ScheduleError for a mnemonic without an
     access description, so that the race check cannot pass by silently ignoring an access.
     """
     spec = instr.spec
@@ -107,7 +115,8 @@ def footprint(instr: Instr, regs: Sequence[int | None] | None = None) -> list[tu
         if reg:
             value = None if regs is None else regs[reg]
             if value is None:
-                lo, hi = DRAM_ANY if hi > lo else (0, 0)
+                home = next((r for r in regions or () if r[0] <= lo < r[1]), DRAM_ANY)
+                lo, hi = home if hi > lo else (0, 0)
             else:
                 lo, hi = lo + value, hi + value
         out.append((mem, lo, hi, write))
@@ -139,7 +148,10 @@ def register_values(instrs: Sequence[Instr], initial: Sequence[int | None] | Non
 
 
 def check_hazards(
-    instrs: Sequence[Instr], extra: dict[int, list] | None = None, regs: Sequence[int | None] | None = None
+    instrs: Sequence[Instr],
+    extra: dict[int, list] | None = None,
+    regs: Sequence[int | None] | None = None,
+    regions: Sequence[tuple[int, int]] | None = None,
 ) -> None:
     """Raise ScheduleError unless the token bits order every cross-engine memory conflict.
 
@@ -151,7 +163,9 @@ def check_hazards(
     reading that register on LD must be ordered like a store and a load of the same bytes.  A
     register-offset DRAM address is resolved with the register's value in the sequential stream
     (``register_values``; ``regs`` gives the values at entry, None = unknown, default all 0).
-    ``extra`` adds footprints by instruction index (for tests).  O(n^2) worst case: tests only.
+    An access offset by a register whose value is unknown there covers its region of ``regions``
+    (see ``footprint``), else all of DRAM.  ``extra`` adds footprints by instruction index (tests).
+    O(n^2) worst case: tests only.
     """
     clocks = replay_tokens(instrs)
     pos = [0] * len(instrs)
@@ -162,7 +176,7 @@ def check_hazards(
     rows: list[tuple[int, int, int, int, bool]] = []  # (instr, memory, lo, hi, write)
     values = register_values(instrs, regs)
     for i, instr in enumerate(instrs):
-        for mem, lo, hi, w in footprint(instr, values[i]) + list((extra or {}).get(i, [])):
+        for mem, lo, hi, w in footprint(instr, values[i], regions) + list((extra or {}).get(i, [])):
             if hi > lo:
                 rows.append((i, MEMORIES.index(mem), lo, hi, w))
     if not rows:

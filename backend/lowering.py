@@ -36,6 +36,7 @@ LOWERING_MODULES: tuple[str, ...] = (
     "mcpc.backend.lower_vector",
     "mcpc.backend.lower_shape",
     "mcpc.backend.lower_nn",
+    "mcpc.backend.lower_state",
 )
 
 
@@ -75,6 +76,8 @@ class LoweringContext:
 
     ``placements`` maps each IR value to its DRAM byte address (filled by ``memory.plan_dram``);
     ``constants`` maps values defined by ``mcp.constant`` (and reshapes of them) to their arrays.
+    ``globals`` maps each module global to its DRAM address, ``registers`` each global access op
+    to the register holding its byte offset (``lower_state.register_kernel``).
     ``sram_base`` / ``sram_budget`` are the SRAM region the op's kernels may use (the compile
     driver moves it so that consecutive kernels can live in disjoint regions, see
     ``compile.py``); lowerings must allocate SRAM only through ``arena()``.
@@ -90,6 +93,8 @@ class LoweringContext:
     sram_budget: int = 0
     sram_peak: int = 0
     sram_base: int = 0
+    globals: dict[str, int] = field(default_factory=dict)  # persistent buffer -> DRAM address
+    registers: dict[Any, int] = field(default_factory=dict)  # global access op -> byte-offset register
 
     def __post_init__(self) -> None:
         if not self.sram_budget:

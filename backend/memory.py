@@ -174,7 +174,8 @@ class DramPlan:
     ``placements`` maps each value (function args, op results, constants) to its byte address;
     ``constants`` maps constant values (and reshapes of them) to their arrays; ``cnst`` is the
     packed CNST section (placed at DRAM address 0); ``regions`` the MMAP regions; ``buffers``
-    one record per planned buffer (for the compile report); ``size`` the DRAM bytes used.
+    one record per planned buffer (for the compile report); ``size`` the DRAM bytes used;
+    ``globals`` the address of each persistent buffer (the module's globals, ``kind: persistent``).
     """
 
     placements: dict = field(default_factory=dict)
@@ -183,6 +184,7 @@ class DramPlan:
     regions: list[dict] = field(default_factory=list)
     buffers: list[dict] = field(default_factory=list)
     size: int = 0
+    globals: dict[str, int] = field(default_factory=dict)  # persistent buffer name -> DRAM address
 
 
 def plan_dram(module: Any, positions: Mapping[Any, int] | None = None) -> DramPlan:
@@ -195,7 +197,8 @@ def plan_dram(module: Any, positions: Mapping[Any, int] | None = None) -> DramPl
     Layout: the CNST blob at address 0 (each constant 64-byte aligned, module order; constants
     equal in dtype, shape and bytes, in any functions, share one copy), then per function (in
     module order): one region per input, one per output, then a scratch region where
-    intermediates share space by liveness (``assign_offsets``).  ``mcp.reshape`` results alias
+    intermediates share space by liveness (``assign_offsets``); last, one ``persistent`` region
+    per module global (not in CNST: zero at load).  ``mcp.reshape`` results alias
     their operand (no copy); an output that aliases an input or a constant is bound to its bytes.
     Every tensor is stored as ``mcpc.arch.dtypes.to_storage`` lays it out: row-major, sub-byte
     types packed two per byte, low nibble first (as ONNX packs int4), so a tensor of ``n`` 4-bit
@@ -221,6 +224,15 @@ def plan_dram(module: Any, positions: Mapping[Any, int] | None = None) -> DramPl
     cursor = len(blob)
     for fn in module.functions.values():
         cursor = _plan_function(fn, plan, cursor, positions or {})
+    cursor = align_up(cursor, DRAM_ALIGN)
+    for g in getattr(module, "globals", {}).values():  # persistent buffers, after everything else
+        plan.globals[g.name] = cursor
+        plan.regions.append(
+            {"name": g.name, "kind": "persistent", "dram": cursor, "bytes": g.type.nbytes,
+             "dtype": g.type.dtype.name, "shape": list(g.type.shape)}
+        )  # fmt: skip
+        plan.buffers.append(_record(g.name, "persistent", cursor, g.type.nbytes))
+        cursor = align_up(cursor + g.type.nbytes, DRAM_ALIGN)
     plan.size = align_up(cursor, DRAM_ALIGN)
     return plan
 

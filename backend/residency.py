@@ -159,13 +159,16 @@ class _Index:
         return found, partial
 
 
-def _dma_range(instr: Any) -> tuple[int, int]:
-    """The DRAM bytes a load or store touches; all of DRAM when a register offsets its address or
-    sets its row count (not known here: such a DMA is never turned into a copy, and a store of it
-    keeps every value live at its kernel out of SRAM)."""
+def _dma_range(instr: Any, regions: Any = ()) -> tuple[int, int]:
+    """The DRAM bytes a load or store touches.  When a register offsets its address: the
+    persistent buffer of ``regions`` its base lies in (such an access never leaves it), else all
+    of DRAM, as when a register sets its row count; such a DMA is never turned into a copy, and a
+    store of it that may touch a value kept in SRAM keeps that value in DRAM."""
     f = instr.fields
-    if f.get("dram_reg") or f.get("rows_reg"):
+    if f.get("rows_reg"):
         return (0, 1 << 62)
+    if f.get("dram_reg"):
+        return next(((lo, hi) for lo, hi in regions if lo <= f["dram"] < hi), (0, 1 << 62))
     rows, rb, stride = f["rows"], f["row_bytes"], f["dram_stride"]
     if rows <= 0 or rb <= 0:
         return (f["dram"], f["dram"])
@@ -196,9 +199,12 @@ def _step_rules(kernel: Kernel) -> dict[int, tuple[bool, bool]]:
     return out
 
 
-def forward(kernels: list[Kernel], positions: list[int], plan: ResidentPlan, emitter: Any) -> None:
+def forward(
+    kernels: list[Kernel], positions: list[int], plan: ResidentPlan, emitter: Any, regions: Any = ()
+) -> None:
     """Rewrite ``kernels`` (``positions[i]``: kernel i's op position) for the values of ``plan``
-    (see the module doc).  Values whose stores cannot all be copied are dropped from the plan;
+    (see the module doc; ``regions``: the persistent buffers' DRAM ranges, ``_dma_range``).
+    Values whose stores cannot all be copied are dropped from the plan;
     the stores of a value that is not a function output and that no DMA reads any more are
     left out (its step keeps its output-slot rank, ``Step.slot_out``)."""
     if not plan.values:
@@ -211,7 +217,7 @@ def forward(kernels: list[Kernel], positions: list[int], plan: ResidentPlan, emi
         for step in kernel.steps:
             ok = rules[ki].get(id(step), (False, False))[1]
             for st in step.stores:
-                lo, hi = _dma_range(st)
+                lo, hi = _dma_range(st, regions)
                 if hi <= lo:
                     continue
                 res, partial = index.holding(lo, hi, pos)
@@ -237,7 +243,7 @@ def forward(kernels: list[Kernel], positions: list[int], plan: ResidentPlan, emi
             for ld in step.loads:
                 fields = None
                 if ld.op == "load":
-                    lo, hi = _dma_range(ld)
+                    lo, hi = _dma_range(ld, regions)
                     res, partial = index.holding(lo, hi, pos)
                     if ok and res is not None and not partial and producer_end.get(id(res), ki) < ki:
                         f = ld.fields
@@ -247,7 +253,7 @@ def forward(kernels: list[Kernel], positions: list[int], plan: ResidentPlan, emi
                         copies[id(ld)] = fields
                         res.forwarded = True
                         continue
-                for mem, lo, hi, write in footprint(ld):
+                for mem, lo, hi, write in footprint(ld, None, regions):
                     if mem == "dram" and not write and hi > lo:
                         read_from_dram.update(id(r) for r in index.touching(lo, hi, pos))
     used = {id(r) for r in plan.values if r.forwarded}
@@ -255,11 +261,11 @@ def forward(kernels: list[Kernel], positions: list[int], plan: ResidentPlan, emi
     index = _Index(plan.values)
     keep_store = {id(r) for r in plan.values if r.output or id(r) in read_from_dram}
     for kernel, pos in zip(kernels, positions, strict=True):
-        _rewrite(kernel, pos, index, copies, keep_store, plan, emitter)
+        _rewrite(kernel, pos, index, copies, keep_store, plan, emitter, regions)
 
 
 def _rewrite(kernel: Kernel, pos: int, index: _Index, copies: dict, keep_store: set, plan: ResidentPlan,
-             emitter: Any) -> None:  # fmt: skip
+             emitter: Any, regions: Any) -> None:  # fmt: skip
     """Apply the forwarded loads, store copies and left-out stores to one kernel (``copies``
     and the values of ``index`` were chosen under ``_step_rules``)."""
     own = kernel.instr_debug or {}
@@ -277,7 +283,7 @@ def _rewrite(kernel: Kernel, pos: int, index: _Index, copies: dict, keep_store: 
             if own.get(id(ld)) is not None:
                 new_debug[id(copy)] = own[id(ld)]
         for st in step.stores:
-            res, partial = index.holding(*_dma_range(st), pos)
+            res, partial = index.holding(*_dma_range(st, regions), pos)
             if res is None or partial or pos != res.first:
                 stores.append(st)
                 continue

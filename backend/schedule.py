@@ -18,9 +18,12 @@ Contract for lowerings (the scheduler relies on it, ``check_hazards`` verifies i
   up to and including this one (a matmul accumulating over K tiles straight into its output slot
   spans several steps).
 * If a kernel has stores, its last step has stores (nothing may run after the result leaves).
-* No scalar registers: the rules below order memory, not registers, so a kernel may not write
-  one (``setr``, ``salu``) or read one (a register offset or run-time extent); ``Kernel``
-  refuses them (``check_hazards`` models registers for streams built otherwise).
+* Scalar registers: only a *register kernel* (``Kernel(sets_registers=True)``: computes only,
+  ``setr``/``salu``) writes them, and a kernel reads one only through a load/store ``dram_reg``
+  written by a register kernel scheduled before it and never written again in the stream (the
+  compile driver emits one such kernel first in each entry).  A register kernel counts as
+  touching all of SRAM, so the first load after it waits for its end (below); every later
+  instruction follows that load or the EX queue.  ``Kernel`` refuses anything else.
 
 Token rules inside a kernel (r = load rank, g = store rank of the step):
 
@@ -127,10 +130,16 @@ class Kernel:
     sram_bytes: int = 0
     sram_base: int = 0
     instr_debug: dict[int, dict] | None = None
+    sets_registers: bool = False
 
     def __post_init__(self) -> None:
         if self.in_slots < 1 or self.out_slots < 1:
             raise ValueError(f"kernel slots must be >= 1, got in={self.in_slots} out={self.out_slots}")
+        if self.sets_registers:
+            for i, step in enumerate(self.steps):
+                if step.loads or step.stores or any(x.op not in ("setr", "salu") for x in step.computes):
+                    raise ValueError(f"step {i}: a register kernel holds setr/salu computes only")
+            return
         for i, step in enumerate(self.steps):
             for what, instrs, engine in (("loads", step.loads, LD), ("computes", step.computes, EX),
                                          ("stores", step.stores, ST)):  # fmt: skip
@@ -138,7 +147,9 @@ class Kernel:
                     if instr.engine != engine:
                         name = ENGINES[engine]
                         raise ValueError(f"step {i}: {instr.op} is not a {name} instruction ({what})")
-                    regs = [n for n in _REGISTER_FIELDS if instr.fields.get(n)]
+                    regs = [n for n in _REGISTER_FIELDS if instr.fields.get(n) and n != "dram_reg"]
+                    if instr.fields.get("dram_reg") and instr.op not in ("load", "store"):
+                        regs.append("dram_reg")
                     if regs:
                         raise ValueError(
                             f"step {i}: {instr.op} uses scalar registers ({', '.join(regs)}), which the "
@@ -157,16 +168,23 @@ def schedule(kernels: Iterable[Kernel], prefetch: bool = True, early_compute: bo
     start without waiting for the previous kernel's end: its first compute waits only for the
     latest pending kernel whose SRAM it touches (module doc).
     """
-    return schedule_with_debug(kernels, prefetch, early_compute)[0]
+    return schedule_with_debug(kernels, prefetch, early_compute=early_compute)[0]
 
 
 def schedule_with_debug(
-    kernels: Iterable[Kernel], prefetch: bool = True, early_compute: bool = False
+    kernels: Iterable[Kernel],
+    prefetch: bool = True,
+    regions: Sequence[tuple[int, int]] = (),
+    early_compute: bool = False,
 ) -> tuple[list[Instr], list[dict | None]]:
-    """Like ``schedule``, plus each instruction's debug record (its kernel's ``debug``)."""
+    """Like ``schedule``, plus each instruction's debug record (its kernel's ``debug``).
+
+    ``regions``: DRAM ranges a register-offset access whose base lies in one never leaves (the
+    persistent buffers); such an access is ordered against its region only (``footprint``),
+    any other register-offset access against all of DRAM."""
     out: list[Instr] = []
     dbg: list[dict | None] = []
-    ends = _Ends(prefetch, early_compute)
+    ends = _Ends(prefetch, early_compute, regions=tuple(regions))
     for kernel in kernels:
         _schedule_kernel(kernel, out, dbg, ends)
     return out, dbg
@@ -196,6 +214,7 @@ class _Ends:
     prefetch: bool
     early_compute: bool = False
     ends: list[_End] = field(default_factory=list)
+    regions: tuple[tuple[int, int], ...] = ()
     known: int = -1  # every kernel <= known has ended before the current load issues
     ex_known: int = -1  # every kernel <= ex_known has ended before the current compute issues
     ex_floor: int = -1  # every kernel <= ex_floor ending in a compute has ended (load queue's view)
@@ -221,7 +240,7 @@ class _Ends:
         ``span`` is kernel j's SRAM spans when ``load`` is its first load, else None."""
         if barrier:
             return [j - 1] if j - 1 > self.known else []
-        reads = _dram_reads(load)
+        reads = _dram_reads(load, self.regions)
         out: list[int] = []
         for k in range(j - 1, self.known, -1):
             end = self.ends[k]
@@ -272,8 +291,10 @@ class _Ends:
         return 1 << out[at].engine
 
 
-def _dram_reads(instr: Instr) -> list[tuple[int, int]]:
-    return [(lo, hi) for mem, lo, hi, w in footprint(instr) if mem == "dram" and not w and hi > lo]
+def _dram_reads(instr: Instr, regions: Sequence[tuple[int, int]] = ()) -> list[tuple[int, int]]:
+    return [
+        (lo, hi) for mem, lo, hi, w in footprint(instr, None, regions) if mem == "dram" and not w and hi > lo
+    ]
 
 
 def _sram_span(steps: list[Step], dma_only: bool = False) -> list[tuple[int, int]]:
@@ -309,12 +330,12 @@ def _overlap(x: list[tuple[int, int]], y: list[tuple[int, int]]) -> bool:
     return False
 
 
-def _merged_writes(steps: list[Step]) -> tuple[list[int], list[int]]:
+def _merged_writes(steps: list[Step], regions: Sequence[tuple[int, int]] = ()) -> tuple[list[int], list[int]]:
     spans = sorted(
         (a, b)
         for s in steps
         for i in s.stores
-        for mem, a, b, w in footprint(i)
+        for mem, a, b, w in footprint(i, None, regions)
         if mem == "dram" and w and b > a
     )
     los: list[int] = []
@@ -328,12 +349,12 @@ def _merged_writes(steps: list[Step]) -> tuple[list[int], list[int]]:
     return los, his
 
 
-def _conflict(a: Instr, b: Instr) -> bool:
+def _conflict(a: Instr, b: Instr, regions: Sequence[tuple[int, int]] = ()) -> bool:
     """Whether the two instructions touch the same bytes of one memory, one of them writing."""
-    fb = footprint(b)
+    fb = footprint(b, None, regions)
     return any(
         ma == mb and lo < hj and lj < hi and (wa or wb)
-        for ma, lo, hi, wa in footprint(a)
+        for ma, lo, hi, wa in footprint(a, None, regions)
         for mb, lj, hj, wb in fb
     )
 
@@ -348,7 +369,9 @@ def _free_loads_first(step: Step, ends: _Ends, j: int) -> Step:
     order += [x for x, w in zip(step.loads, waits, strict=True) if w]
     for n, x in enumerate(step.loads):
         if not waits[n]:
-            if any(_conflict(x, y) for y, w in zip(step.loads[:n], waits[:n], strict=True) if w):
+            if any(
+                _conflict(x, y, ends.regions) for y, w in zip(step.loads[:n], waits[:n], strict=True) if w
+            ):
                 return step
     return Step(order, step.computes, step.stores)
 
@@ -371,6 +394,8 @@ def _schedule_kernel(kernel: Kernel, out: list[Instr], dbg: list, ends: _Ends) -
     if not barrier:
         steps = [_free_loads_first(s, ends, j) for s in steps]
     span = (_sram_span(steps), _sram_span(steps, dma_only=True))
+    if kernel.sets_registers:  # counts as touching all of SRAM: the next load waits for its end
+        span = ([(0, 1 << 62)], [(0, 1 << 62)])
     # Who releases each input slot: the step's computes, or its stores for a copy step.
     release = [ST if (s.stores and not s.computes) else EX for s in slot_steps]
     prev = ends.ends[-1].at if ends.ends else None
@@ -446,9 +471,8 @@ def _schedule_kernel(kernel: Kernel, out: list[Instr], dbg: list, ends: _Ends) -
         while implies + 1 < j and ends.ends[implies + 1].storeless:
             implies += 1
         implies = j if implies + 1 == j else implies
-    ends.ends.append(
-        _End(at, span[0], span[1], *_merged_writes(steps), storeless=not n_store, implies=implies)
-    )
+    writes = _merged_writes(steps, ends.regions)
+    ends.ends.append(_End(at, span[0], span[1], *writes, storeless=not n_store, implies=implies))
 
 
 def _bits(instr: Instr, wait: int = 0, signal: int = 0) -> Instr:

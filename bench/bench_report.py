@@ -203,7 +203,38 @@ def render_markdown(doc: dict) -> str:
             "",
             *sim_speed_table(doc["sim_speed"]),
         ]
+    if doc.get("quant"):
+        q = doc["quant"]
+        lines += [
+            "",
+            f"## Weight quantization speed ({q['model']})",
+            "",
+            f"All {q['layers']} MatMul weights ({q['weights']:,} parameters), int4, groups of 32 along K;",
+            "wall time of the algorithm alone over every weight (best of `runs`, one warm-up excluded",
+            "when a run is under 2 s), against ONNX Runtime's `MatMulNBitsQuantizer.process()` on the",
+            f"same model (same symmetry).  AWQ and GPTQ read input statistics of {q['calibration_tokens']:,}",
+            f"calibration tokens, gathered once in {q['calibration_s']:.1f} s (not in their rows).",
+            "`output err` = calibration output error trace(ΔWᵀHΔW) summed over the layers, relative",
+            "to RTN with the same scales: what AWQ and GPTQ minimise.  `cosine`: mean per-sequence",
+            f"cosine of output `{q['eval_output']}` against the f32 model on {q['eval_samples']} held-out",
+            "sequences (random token ids, not English), run by ONNX Runtime.",
+            "",
+            *quant_table(q),
+        ]
     return "\n".join(lines) + "\n"
+
+
+def quant_table(q: dict) -> list[str]:
+    """The weight quantization speed table as markdown lines."""
+    header = ["algorithm", "spec", "runs", "time ms", "vs ORT", "bits/weight", "output err", "cosine"]
+    rows = [
+        [r["algorithm"], r["spec"], r["runs"], _ms(r["seconds"])]
+        + (["peer", "-", "-"] if r["peer"] else [f"{r['over_ort']:.2f}×", f"{r['bits_per_weight']:.3f}"])
+        + ([] if r["peer"] else [f"{r['output_error_vs_rtn']:.3f}"])
+        + [f"{r['cosine']:.5f}"]
+        for r in q["rows"]
+    ]
+    return _table(header, rows)
 
 
 def sim_speed_table(speed: list[dict]) -> list[str]:

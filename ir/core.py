@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from mcpc.errors import VerifyError
@@ -261,13 +262,35 @@ class Function:
             )
 
 
+@dataclass(frozen=True)
+class GlobalDecl:
+    """``global @name : type``: a persistent buffer of the module, zero-initialised when the
+    program is loaded (or reset), keeping its contents from run to run of any function."""
+
+    name: str
+    type: TensorType
+
+
+@dataclass(frozen=True)
+class HostRegDecl:
+    """``host_reg @name {max, min}``: a signed 32-bit scalar the host sets for each run, with the
+    inclusive range of values the program accepts (the simulator refuses others)."""
+
+    name: str
+    min: int
+    max: int
+
+
 class Module:
-    """A compilation unit: named functions plus module attributes (e.g. build precision)."""
+    """A compilation unit: named functions, module attributes (e.g. build precision) and the
+    program state the functions share: ``globals`` (persistent buffers) and ``host_regs``."""
 
     def __init__(self, name: str = "model"):
         self.name = name
         self.functions: dict[str, Function] = {}
         self.attrs: dict[str, Any] = {}
+        self.globals: dict[str, GlobalDecl] = {}
+        self.host_regs: dict[str, HostRegDecl] = {}
 
     def add_function(self, func: Function) -> Function:
         if func.name in self.functions:
@@ -291,3 +314,7 @@ class Module:
             raise VerifyError(f"module @{self.name} has no functions")
         for f in self.functions.values():
             f.verify()
+        if self.globals or self.host_regs or any(getattr(op, "STATEFUL", False) for op in self.walk()):
+            from mcpc.ir.state import verify_state
+
+            verify_state(self)

@@ -66,18 +66,78 @@ def evaluate_op(op: Operation, args: list[np.ndarray]) -> list[np.ndarray]:
     return results
 
 
-def interpret(module: Module, inputs: dict[str, np.ndarray], func: str = "main") -> dict[str, np.ndarray]:
+class ModuleState:
+    """The run state of a module with globals: one zero-initialised array per ``global``, kept
+    from one ``interpret`` call to the next (a persistent buffer), zeroed again by ``reset``."""
+
+    def __init__(self, module: Module):
+        self.globals = {
+            g.name: np.zeros(g.type.shape, g.type.dtype.np_dtype) for g in module.globals.values()
+        }
+
+    def reset(self) -> None:
+        for arr in self.globals.values():
+            arr[...] = 0
+
+
+# (state, registers) of the interpret call running now: read by the handlers of the state ops
+_RUN: list[tuple[ModuleState, dict[str, int]]] = []
+
+
+def host_registers_read(fn) -> list[str]:
+    """Names of the host registers ``fn`` reads, in order of first use."""
+    return list(dict.fromkeys(op.attrs["name"] for op in fn.ops if isinstance(op, ops.HostRegOp)))
+
+
+def check_registers(module: Module, fn, registers: dict[str, int] | None) -> dict[str, int]:
+    """The host register values of a run of ``fn``: every register it reads must be set, to an
+    integer within its declared range, and every name must be declared (InputError otherwise)."""
+    registers = dict(registers or {})
+    unknown = sorted(n for n in registers if n not in module.host_regs)
+    if unknown:
+        have = ", ".join(module.host_regs) or "none"
+        raise InputError(f"unknown host register(s) {', '.join(unknown)} (declared: {have})")
+    for name, value in registers.items():
+        reg = module.host_regs[name]
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise InputError(f"host register {name}: value {value!r} is not an integer")
+        if not reg.min <= int(value) <= reg.max:
+            raise InputError(
+                f"host register {name}: value {int(value)} is outside its declared range "
+                f"[{reg.min}, {reg.max}]"
+            )
+    missing = [n for n in host_registers_read(fn) if n not in registers]
+    if missing:
+        raise InputError(f"func @{fn.name} reads host register(s) {', '.join(missing)}, which are not set")
+    return {n: int(v) for n, v in registers.items()}
+
+
+def interpret(
+    module: Module,
+    inputs: dict[str, np.ndarray],
+    func: str = "main",
+    state: ModuleState | None = None,
+    registers: dict[str, int] | None = None,
+) -> dict[str, np.ndarray]:
     """Run function ``func`` of a valid ``module`` on ``inputs`` (keyed by argument name).
 
     Each input must have exactly the argument's shape and numpy dtype (no implicit casts: an i64
     argument takes int64 arrays, an int32 array is refused).  Returns fresh arrays keyed by the
     function's result names, in the declared dtypes.  InputError names the offending input.
+
+    ``state`` holds the module's globals across calls (a ``ModuleState``; None: a fresh, zeroed
+    one for this call alone); ``registers`` the host register values (name -> int) of this run,
+    checked by ``check_registers``.
     """
     if func not in module.functions:
         have = ", ".join("@" + f for f in module.functions) or "none"
         raise InputError(f"module @{module.name} has no function @{func} (functions: {have})")
     fn = module.functions[func]
     fn.verify()
+    if module.globals or module.host_regs:
+        from mcpc.ir.state import verify_state
+
+        verify_state(module)
     where = f"func @{fn.name}"
     missing = [n for n in fn.arg_names if n not in inputs]
     extra = sorted(n for n in inputs if n not in fn.arg_names)
@@ -98,11 +158,16 @@ def interpret(module: Module, inputs: dict[str, np.ndarray], func: str = "main")
                 f"expected {t.dtype.np_dtype} ({t.dtype.name}) with shape {list(t.shape)}"
             )
         env[id(arg)] = a
-    for op in fn.ops:
-        if op.IS_TERMINATOR:
-            break
-        for r, arr in zip(op.results, evaluate_op(op, [env[id(v)] for v in op.operands]), strict=True):
-            env[id(r)] = arr
+    regs = check_registers(module, fn, registers)
+    _RUN.append((state if state is not None else ModuleState(module), regs))
+    try:
+        for op in fn.ops:
+            if op.IS_TERMINATOR:
+                break
+            for r, arr in zip(op.results, evaluate_op(op, [env[id(v)] for v in op.operands]), strict=True):
+                env[id(r)] = arr
+    finally:
+        _RUN.pop()
     return {
         name: np.array(env[id(v)], copy=True) for name, v in zip(fn.result_names, fn.outputs, strict=True)
     }
@@ -336,3 +401,44 @@ def _gather(op, args):
 @impl(ops.BroadcastOp)
 def _broadcast(op, args):
     return [np.broadcast_to(args[0], op.result.type.shape)]
+
+
+# -- program state (ir/ops_state.py) ---------------------------------------------------------------
+def _run_state(op) -> tuple[ModuleState, dict[str, int]]:
+    if not _RUN:
+        raise UnsupportedError(f"{op.describe()} reads run state: it is evaluated only by interpret()")
+    return _RUN[-1]
+
+
+@impl(ops.HostRegOp)
+def _host_reg(op, args):
+    _, regs = _run_state(op)
+    return [np.array(regs[op.attrs["name"]], dtype=np.int32)]
+
+
+@impl(ops.ScalarOp)
+def _scalar(op, args):
+    a = int(args[0])
+    b = (int(args[1]) if len(args) == 2 else 0) + int(op.attrs["imm"])
+    return [np.array(nx.scalar_alu(op.attrs["func"], a, b), dtype=np.int32)]
+
+
+def _global_rows(op, buf: np.ndarray, offset: int, rows: int) -> slice:
+    if not 0 <= offset <= buf.shape[0] - rows:  # the verifier proves this cannot happen
+        raise InputError(f"{op.describe()}: offset {offset} + {rows} row(s) outside {buf.shape[0]} rows")
+    return slice(offset, offset + rows)
+
+
+@impl(ops.GlobalLoadOp)
+def _global_load(op, args):
+    state, _ = _run_state(op)
+    buf = state.globals[op.attrs["global"]]
+    return [buf[_global_rows(op, buf, int(args[0]), op.result.type.shape[0])].copy()]
+
+
+@impl(ops.GlobalStoreOp)
+def _global_store(op, args):
+    state, _ = _run_state(op)
+    buf = state.globals[op.attrs["global"]]
+    buf[_global_rows(op, buf, int(args[1]), args[0].shape[0])] = args[0]
+    return []

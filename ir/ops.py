@@ -56,6 +56,7 @@ from mcpc.ir.ops_shape import (
     SliceOp,
     TransposeOp,
 )
+from mcpc.ir.ops_state import GlobalLoadOp, GlobalStoreOp, HostRegOp, ScalarOp
 
 __all__ = [
     "AbsOp",
@@ -76,6 +77,10 @@ __all__ = [
     "SiluOp",
     "FmodOp",
     "GatherOp",
+    "GlobalLoadOp",
+    "GlobalStoreOp",
+    "HostRegOp",
+    "ScalarOp",
     "GeluOp",
     "GreaterOp",
     "LayerNormOp",

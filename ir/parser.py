@@ -16,7 +16,7 @@ import numpy as np
 
 from mcpc.arch.dtypes import from_storage
 from mcpc.errors import ParseError
-from mcpc.ir.core import OP_REGISTRY, Function, Module, Value
+from mcpc.ir.core import OP_REGISTRY, Function, GlobalDecl, HostRegDecl, Module, Value
 from mcpc.ir.dtypes import DTYPES, DType
 from mcpc.ir.types import TensorType
 
@@ -346,6 +346,29 @@ class _Parser:
             scope[dname] = r
         func.append(op)
 
+    def parse_decl(self, module: Module) -> None:
+        """``global @name : type`` or ``host_reg @name {max = INT, min = INT}``."""
+        c = self.c
+        c.skip()
+        pos = c.pos
+        kind = "global" if c.peek_word("global") else "host_reg"
+        c.expect_word(kind)
+        c.expect("@")
+        name = c.name()
+        if name in module.globals or name in module.host_regs:
+            raise c.error(f"@{name} declared twice", pos)
+        if kind == "global":
+            c.expect(":")
+            module.globals[name] = GlobalDecl(name, self.parse_type())
+            return
+        attrs = self.parse_dict()
+        bounds = {k: attrs.get(k) for k in ("min", "max")}
+        if set(attrs) != {"min", "max"} or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in bounds.values()
+        ):
+            raise c.error(f"host_reg @{name} needs exactly {{max = INT, min = INT}}, got {attrs}", pos)
+        module.host_regs[name] = HostRegDecl(name, bounds["min"], bounds["max"])
+
     def parse_module(self) -> Module:
         c = self.c
         c.expect_word("module")
@@ -356,7 +379,11 @@ class _Parser:
             module.attrs = self.parse_dict()
         c.expect("{")
         while not c.accept("}"):
+            c.skip()
             pos = c.pos
+            if c.peek_word("global") or c.peek_word("host_reg"):
+                self.parse_decl(module)
+                continue
             func = self.parse_function()
             if func.name in module.functions:
                 raise c.error(f"function @{func.name} defined twice", pos)

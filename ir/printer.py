@@ -2,7 +2,8 @@
 
 Grammar (informal)::
 
-    module   := 'module' '@' NAME ['attributes' dict] '{' func* '}'
+    module   := 'module' '@' NAME ['attributes' dict] '{' decl* func* '}'
+    decl     := 'global' '@' NAME ':' type | 'host_reg' '@' NAME dict   -- dict: {max = INT, min = INT}
     func     := 'func' '@' NAME '(' [arg (',' arg)*] ')' '->' '(' [res (',' res)*] ')'
                 ['attributes' dict] '{' op* '}'
     arg      := VALUE ':' type
@@ -152,5 +153,10 @@ def print_module(module: Module) -> str:
     head = f"module @{format_name(module.name)}"
     if module.attrs:
         head += " attributes " + format_dict(module.attrs)
-    body = [print_function(f) for f in module.functions.values()]
+    decls = [f"  global @{format_name(g.name)} : {g.type}" for g in module.globals.values()]
+    decls += [
+        f"  host_reg @{format_name(r.name)} {format_dict({'min': r.min, 'max': r.max})}"
+        for r in module.host_regs.values()
+    ]
+    body = [*decls, *(print_function(f) for f in module.functions.values())]
     return "\n".join([head + " {", *body, "}"]) + "\n"

@@ -139,9 +139,16 @@ def _parse_sets(ctx, param, items) -> list[str]:
 @click.option(
     "--report-json", type=click.Path(path_type=Path, dir_okay=False), help="Write a JSON compile report."
 )
+@click.option(
+    "--calib",
+    type=click.Path(path_type=Path),
+    default=None,
+    metavar="FILE.npz|DIR",
+    help="Calibration data for a quantizing config (arrays named like the inputs, batch axis leading).",
+)
 @click.version_option(__version__)
 def compile_command(model, target, qat_config, output, shapes, dims, passes, print_pipeline,
-                    print_ir_after_all, time_passes, emit, overrides, report_json):  # fmt: skip
+                    print_ir_after_all, time_passes, emit, overrides, report_json, calib):  # fmt: skip
     """Compile an ONNX model for the MCP 2026 NPU."""
     from mcpc import driver
     from mcpc.passes import format_pipeline
@@ -168,6 +175,7 @@ def compile_command(model, target, qat_config, output, shapes, dims, passes, pri
         overrides=overrides,
         print_ir_after_all=sys.stderr if print_ir_after_all else None,
         time_passes=time_passes,
+        calib=calib,
     )
     if time_passes:
         result.pass_manager.print_timings(sys.stderr)
@@ -175,6 +183,10 @@ def compile_command(model, target, qat_config, output, shapes, dims, passes, pri
         driver.write_report(report_json, result.report)
     if to_stdout:
         click.echo(result.text, nl=False)
+        from mcpc.quant_report import summary_lines
+
+        for text in summary_lines(result.report):
+            click.echo(text, err=True)
     else:
         _print_summary(result)
 
@@ -192,6 +204,10 @@ def _print_summary(result) -> None:
     from rich.text import Text
 
     _stdout_console().print(Text(line))
+    from mcpc.quant_report import summary_lines
+
+    for text in summary_lines(report):
+        _stdout_console().print(Text(text))
 
 
 # -- mcpc group --------------------------------------------------------------------------------
@@ -265,10 +281,20 @@ cli.add_command(inspect_command)
 cli.add_command(inspect_model_command)
 if _has_module("mcpc.check") and _has_module("mcpc.sim.api"):
     cli.add_command(check_command)
+if _has_module("mcpc.cli_quant"):
+    from mcpc.cli_quant import export_onnx_command, quant_group
+
+    cli.add_command(quant_group)
+    cli.add_command(export_onnx_command)
 if _has_module("mcpc.examples"):
     cli.add_command(examples_group)
 if _has_module("mcpc.conformance"):
     cli.add_command(conformance_command)  # light: onnx loads inside the command
+if _has_module("mcpc.cli_ci"):
+    from mcpc.cli_ci import ci_command, report_command, sweep_command  # light: click only
+
+    for command in (ci_command, sweep_command, report_command):
+        cli.add_command(command)
 if _has_module("mcpc.sim.cli"):
     from mcpc.sim.cli import sim_group  # light: click only; the simulator loads inside `run`
 

@@ -36,9 +36,11 @@ from mcpc.fileio import read_npz
 @click.option(
     "--json", "json_path", type=click.Path(path_type=Path, dir_okay=False), help="Write the report."
 )
+@click.option("--per-node", "per_node", is_flag=True,
+              help="Also compare every ONNX node output the program stores, in graph order.")  # fmt: skip
 def check_command(
     model, program, inputs_path, max_norm_err, min_cosine, min_top1, rtol, atol, mask, ignore_outputs, entry,
-    json_path,
+    json_path, per_node,
 ):  # fmt: skip
     """Compare PROG on the simulator with MODEL on ONNX Runtime.
 
@@ -46,7 +48,9 @@ def check_command(
     agreement for logits (last axis = vocabulary); exits 1 when one is outside the build's
     tolerances (the QAT config's check section) or an option's.  --mask attention_mask scores
     only the [batch, seq] positions whose mask is 1 (outputs laid out [batch, seq, ...] or
-    [batch, heads, seq, head_dim]; others whole). Exits 7 when the simulated run
+    [batch, heads, seq, head_dim]; others whole). --per-node also scores every ONNX node output the
+    program stores to DRAM, in graph order, marking the first outside the budget (where accuracy
+    is lost); the exit status still follows the outputs. Exits 7 when the simulated run
     produced a NaN or overflowed to infinity (naming the first instruction and its ONNX node).
     """
     import json
@@ -62,10 +66,17 @@ def check_command(
         if not path.is_file():
             raise InputError(f"{path}: no such file")
     ignored = tuple(n.strip() for n in (ignore_outputs or "").split(",") if n.strip())
+    inputs = read_npz(inputs_path)
     report = check.check(
-        model, program, read_npz(inputs_path), rtol, atol, min_cosine, entry,
+        model, program, inputs, rtol, atol, min_cosine, entry,
         max_norm_err=max_norm_err, min_top1=min_top1, mask=mask, ignore_outputs=ignored,
     )  # fmt: skip
+    if per_node:  # where accuracy is lost: every stored node output against ONNX Runtime's
+        from mcpc import per_node as per_node_mod
+
+        report["per_node"] = per_node_mod.per_node(
+            model, program, inputs, entry, max_norm_err=max_norm_err, min_cosine=min_cosine, mask=mask
+        )
     if json_path is not None:
         driver.write_atomic(json_path, json.dumps(report, indent=2, sort_keys=True) + "\n")
     tol = check.Tolerances.from_mapping(report["tolerances"])
@@ -88,6 +99,8 @@ def check_command(
     width = Measurement.get(console, console.options.update(max_width=100_000), table).maximum
     console.width = max(console.width, width)  # full output names and reasons, never truncated
     console.print(table)
+    if per_node:
+        per_node_mod.print_report(console, report["per_node"])
     problem = numeric_message(report.get("numeric") or {})
     if problem:  # a NaN or an overflow is a fault even when the outputs happen to be within tolerance
         raise NumericFault(f"{program}: {problem}")
@@ -119,7 +132,7 @@ def disasm_command(program, output):
 @click.command("inspect", cls=GuardedCommand)
 @click.argument("program", type=click.Path(path_type=Path, dir_okay=False), metavar="PROG.mcpb")
 def inspect_command(program):
-    """Print PROG's target, sections, entries and I/O."""
+    """Print PROG's target, sections, entries, I/O, persistent buffers and host registers."""
     from rich.table import Table
 
     from mcpc.arch.mcpb import read_mcpb, section_table
@@ -154,7 +167,29 @@ def inspect_command(program):
                 )
                 io.add_row(*(str(x) for x in row))
     console.print(io)
+    console.print(
+        "entries: " + ", ".join(f"{e['name']} (instructions {e['start']}..{e['start'] + e['count'] - 1})"
+                                for e in prog.entries)
+    )  # fmt: skip
     mm = prog.memory_map or {}
+    persistent = [r for r in mm.get("regions", []) if isinstance(r, dict) and r.get("kind") == "persistent"]
+    if persistent:
+        table = Table(title="persistent buffers (zero at load, kept from run to run)", title_justify="left")
+        for column in ("name", "dtype", "shape", "bytes", "dram"):
+            table.add_column(column)
+        for r in persistent:
+            shape = "x".join(map(str, r.get("shape", []))) or "?"
+            table.add_row(
+                str(r.get("name")), str(r.get("dtype", "?")), shape, str(r["bytes"]), hex(r["dram"])
+            )
+        console.print(table)
+    if prog.host_registers:
+        table = Table(title="host registers (--set-reg NAME=VALUE)", title_justify="left")
+        for column in ("name", "register", "min", "max", "read by"):
+            table.add_column(column)
+        for h in prog.host_registers:
+            table.add_row(h["name"], f"r{h['reg']}", str(h["min"]), str(h["max"]), ", ".join(h["entries"]))
+        console.print(table)
     regions, peak = len(mm.get("regions", [])), mm.get("sram_peak_bytes", "?")
     consts = [b for b in mm.get("buffers", []) if b.get("kind") == "const"]
     shared = sum(len(b.get("users", [])) - 1 for b in consts if b.get("users"))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mcpc import __version__
-from mcpc.errors import ConfigError, InputError, UnsupportedError, UsageError
+from mcpc.errors import ConfigError, InputError, UnsupportedError, UsageError, VerifyError
 from mcpc.fileio import write_atomic
 
 DEFAULT_TARGET = "mcp2026-a100"
@@ -37,6 +37,7 @@ class CompileResult:
     output: Path | None
     report: dict[str, Any]
     pass_manager: Any = field(repr=False, default=None)
+    notes: dict[str, Any] = field(repr=False, default_factory=dict)
 
 
 def default_output(model_path: str | Path, emit: str) -> Path:
@@ -51,7 +52,8 @@ def _emit_suffix(emit: str) -> str:
 
 
 def load_model(path: str | Path, shapes: dict | None = None, dims: dict | None = None, dram_bytes=None):
-    """Import an ONNX file into an MCP IR ``Module``, binding symbolic dims.
+    """Import an ONNX file into an MCP IR ``Module``, binding symbolic dims (a ``.mcpir`` file is
+    parsed as MCP IR text instead: ParseError/VerifyError, exit 3; ``shapes``/``dims`` unused).
 
     ``shapes`` maps an input name to its full shape (``{"input_ids": (1, 128)}``), ``dims`` a
     symbolic dim name to a size everywhere (``{"seq": 128}``).  Raises InputError for a missing
@@ -61,6 +63,17 @@ def load_model(path: str | Path, shapes: dict | None = None, dims: dict | None =
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such model file")
+    if path.suffix == ".mcpir":  # MCP IR text (e.g. a program with state, docs/ir.md)
+        from mcpc.ir import parse_module
+
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"{path}: cannot read: {exc}") from None
+        try:
+            return parse_module(text, str(path))
+        except VerifyError as exc:  # the user's IR, not one of our passes: bad input, exit 3
+            raise InputError(f"{path}: invalid IR: {exc.message}") from None
     from mcpc.ir.onnx_import import import_onnx
 
     return import_onnx(str(path), shapes, dims, dram_bytes=dram_bytes)
@@ -89,6 +102,30 @@ def resolve_passes(qat_config=DEFAULT_QAT_CONFIG, passes: str | None = None) -> 
         return build_pipeline(config.pipeline_text())
     except UsageError as exc:
         raise ConfigError(f"{config.source}: pipeline: {exc.message}") from None
+
+
+def calibration_path(config, calib: str | Path | None) -> Path | None:
+    """The calibration data a compile uses: ``calib`` (``--calib``) when given, else the config's
+    ``quantization.calibration.data`` (relative to the config file).  A config that needs data
+    and has none is refused (UsageError, exit 2) naming the key that needs it; data given to a
+    config that does not quantize is refused too (it would be silently ignored)."""
+    q = config.quantization
+    if calib is None and q is not None and q.calibration.data is not None:
+        base = Path(config.source).parent if Path(config.source).is_file() else Path.cwd()
+        calib = base / q.calibration.data
+    if calib is not None and q is None:
+        raise UsageError(
+            f"--calib {calib}: config {config.source} does not quantize (no quantization: section), "
+            "so calibration data would be ignored"
+        )
+    need = q.needs_calibration() if q is not None else None
+    if need is not None and calib is None:
+        raise UsageError(
+            f"{config.source}: {need} needs calibration data: give --calib FILE.npz (or a directory of "
+            ".npz files; arrays named like the model inputs, the batch axis leading) or set "
+            "quantization.calibration.data"
+        )
+    return Path(calib) if calib is not None else None
 
 
 def load_target(target=DEFAULT_TARGET, overrides=()):
@@ -122,13 +159,18 @@ def compile(  # noqa: A001 - the public API name (mcpc.compile) is part of the s
     *,
     print_ir_after_all: TextIO | None = None,
     time_passes: bool = False,
+    calib: str | Path | None = None,
+    notes: dict | None = None,
 ) -> CompileResult:
     """Compile ``model`` (an ONNX path or an already imported ``Module``, which is modified in
     place) for ``target`` with ``qat_config``; write ``output`` when given.
 
     ``passes`` (pipeline text) replaces the config's pipeline.  ``emit`` is ``mcpb``, ``asm`` or
-    ``ir``.  The result's ``report`` lists the target, config, pipeline, per-pass times and, for
-    programs, instruction and constant sizes.
+    ``ir``.  ``calib`` (an .npz file or a directory of them) is the calibration data of a
+    quantizing config (it replaces the config's ``calibration.data``).  The result's ``report``
+    lists the target, config, pipeline, per-pass times, the MatMul/Gemm weight bytes before and
+    after the passes (``weights``), what quantization did (``quantization``) and, for programs,
+    instruction and constant sizes.
     """
     from mcpc.passes import PassContext, PassManager, format_pass
 
@@ -140,14 +182,24 @@ def compile(  # noqa: A001 - the public API name (mcpc.compile) is part of the s
         _check_output_dir(output)
     config = load_qat_config(qat_config)
     pipeline = resolve_passes(config, passes)
+    calib_path = calibration_path(config, calib)
     tgt = load_target(target, overrides)
     if isinstance(model, (str, Path)):
         module = load_model(model, shapes, dims, dram_bytes=tgt.dram.size_bytes)
     else:
         module = model
 
+    from mcpc.passes.weight_stats import weight_stats
+
+    before = weight_stats(module)
+    ctx = PassContext(target=tgt, config=config, notes=dict(notes or {}))
+    if calib_path is not None:
+        from mcpc.passes.calibration import load_calibration
+
+        samples = config.quantization.calibration.samples if config.quantization is not None else None
+        ctx.notes["calibration"] = load_calibration(calib_path, module.main, samples)
     pm = PassManager(pipeline, print_ir_after_all=print_ir_after_all, time_passes=time_passes)
-    module = pm.run(module, PassContext(target=tgt, config=config))
+    module = pm.run(module, ctx)
 
     program, text = None, None
     if emit == "ir":
@@ -183,12 +235,14 @@ def compile(  # noqa: A001 - the public API name (mcpc.compile) is part of the s
         "emit": emit,
         "output": str(output) if output is not None else None,
         "ir_ops": dict(sorted(Counter(op.name for op in module.walk()).items())),
+        "weights": {"before": before, "after": weight_stats(module)},
+        "quantization": ctx.notes.get("quantization"),
     }
     if program is not None:
         from mcpc.backend import compile_report
 
         report["program"] = compile_report(program)
-    return CompileResult(module, program, text, output, report, pm)
+    return CompileResult(module, program, text, output, report, pm, ctx.notes)
 
 
 def _compile_to_program(module, target, config, pipeline, model):
@@ -207,6 +261,43 @@ def _compile_to_program(module, target, config, pipeline, model):
         "qat_config": config,
     }
     return compile_to_program(module, target, options)
+
+
+def export_onnx(
+    model,
+    qat_config,
+    output: str | Path,
+    calib: str | Path | None = None,
+    shapes: dict | None = None,
+    dims: dict | None = None,
+) -> CompileResult:
+    """Quantize ``model`` (an ONNX path) as ``qat_config`` says and write the quantized model as
+    ONNX opset 21 QDQ to ``output`` (``mcpc.ir.onnx_export``).  The IR run is ``fold-constants,
+    quantize-weights`` (what every quantizing preset runs first); returns that compile's result."""
+    import onnx
+
+    from mcpc.ir.onnx_export import export_quantized
+
+    output = Path(output)
+    _check_output_dir(output)
+    config = load_qat_config(qat_config)
+    if config.quantization is None:
+        raise UsageError(f"export-onnx: config {config.source} does not quantize (no quantization: section)")
+    result = compile(
+        model, qat_config=config, passes="fold-constants,quantize-weights", emit="ir", shapes=shapes,
+        dims=dims, calib=calib,
+    )  # fmt: skip
+    arrays = result.notes["quantized_arrays"]
+    if len(arrays) != 1:
+        raise UnsupportedError("export-onnx: models with several functions are not exported")
+    try:
+        proto = onnx.load(str(model))
+    except Exception as exc:  # noqa: BLE001 - any parse failure is a bad input file
+        raise InputError(f"{model}: cannot read ONNX model: {exc}") from None
+    exported = export_quantized(proto, next(iter(arrays.values())))
+    write_atomic(output, exported.SerializeToString())
+    result.output = output
+    return result
 
 
 def write_report(path: str | Path, report: dict[str, Any]) -> None:

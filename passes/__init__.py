@@ -47,6 +47,7 @@ PASS_MODULES: tuple[str, ...] = (
     "mcpc.passes.fold_constants",
     "mcpc.passes.dce",
     "mcpc.passes.convert_precision",
+    "mcpc.passes.quantize_weights",
     "mcpc.passes.tile_matmul",
     "mcpc.passes.npu_schedule",
 )

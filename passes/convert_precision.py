@@ -12,6 +12,7 @@ interface (argument and result types unchanged) in which:
   So a matmul takes and produces ``dtype`` while still accumulating in f32, and softmax /
   layer_norm / reductions compute in f32 internally and round once to ``dtype`` — the
   interpreter's semantics of each op, nothing approximated here;
+* f32 globals (persistent buffers) become ``dtype`` globals, and their loads and stores follow;
 * an op that does not accept the converted operand types (its ``infer_types`` refuses them, or it
   would not produce ``dtype`` where it produced f32) is left exactly as it was, in f32: an island
   with casts to f32 before it and casts of its f32 results to ``dtype`` after it, so everything
@@ -33,10 +34,11 @@ import numpy as np
 
 from mcpc.arch import numerics as nx
 from mcpc.errors import VerifyError
-from mcpc.ir.core import Function, Module, Operation, Value
+from mcpc.ir.core import Function, GlobalDecl, Module, Operation, Value
 from mcpc.ir.dtypes import F32, DType, dtype_from_name
 from mcpc.ir.ops_core import ConstantOp
 from mcpc.ir.ops_elementwise import CastOp
+from mcpc.ir.ops_state import GlobalLoadOp
 from mcpc.passes.manager import Pass, PassContext, register_pass
 from mcpc.passes.precision_policy import ISLAND_KINDS, find_islands, parse_island_kinds
 
@@ -133,8 +135,11 @@ def _rebuilt(op: Operation, operands: list[Value], target: DType) -> Operation |
     if unchanged and not _has_f32_attr(op) and all(r.type.dtype != F32 for r in op.results):
         return op  # no float involved (integer and bool ops)
     attrs = {k: (target if isinstance(v, DType) and v == F32 else v) for k, v in op.attrs.items()}
+    result_types = None
+    if isinstance(op, GlobalLoadOp):  # its type comes from the global, which converts too
+        result_types = [r.type.with_dtype(target) if r.type.dtype == F32 else r.type for r in op.results]
     try:
-        new = type(op)(operands, attrs, loc=op.loc)
+        new = type(op)(operands, attrs, result_types=result_types, loc=op.loc)
         new.verify()
     except (ValueError, TypeError, IndexError, KeyError, VerifyError):
         return None
@@ -192,4 +197,7 @@ class ConvertPrecisionPass(Pass):
         kinds = self.island_kinds(ctx)
         for func in module.functions.values():
             convert_function(func, target, kinds)
+        for name, g in module.globals.items():  # persistent buffers are stored in the build's dtype
+            if g.type.dtype == F32:
+                module.globals[name] = GlobalDecl(name, g.type.with_dtype(target))
         return module

@@ -172,6 +172,8 @@ def _foldable(op, consts: dict[int, np.ndarray], uses: Counter[int], max_element
     """All operands constant, an interpreter impl, no i64 result, and within the size budget: the
     results are small, or no larger than the constants that die here, used by no op but ``op``
     (``uses`` counts the uses by every op not folded away)."""
+    if getattr(op, "STATEFUL", False):  # reads or writes run state (globals, host registers)
+        return False
     if not op.operands or any(id(v) not in consts for v in op.operands) or not has_impl(type(op)):
         return False
     if any(r.type.dtype == I64 for r in op.results):

@@ -8,6 +8,10 @@ There are no opt-levels: every preset is an explicit, readable pipeline string, 
 PRESETS: dict[str, str] = {
     "fp32": "fold-constants,dce,tile-matmul,npu-schedule",
     "fp16": "fold-constants,convert-precision{dtype=f16},dce,tile-matmul,npu-schedule",
+    # quantized builds: the config's quantization: section applied to the f32 weights (calibrated
+    # on the f32 graph), then the fp16 build of the rest
+    "quant-fp16": "fold-constants,quantize-weights,convert-precision{dtype=f16},dce,tile-matmul,npu-schedule",
+    "quant-fp32": "fold-constants,quantize-weights,dce,tile-matmul,npu-schedule",
 }
 
 

@@ -36,10 +36,11 @@ from pydantic import (
 )
 
 from mcpc.arch.dtypes import DTYPE_NAMES
-from mcpc.errors import ConfigError, UsageError
+from mcpc.errors import ConfigError, UnsupportedError, UsageError
 from mcpc.passes.manager import parse_pipeline
 from mcpc.passes.precision_policy import ISLAND_KINDS, check_island_kinds
 from mcpc.passes.presets import PRESETS, resolve_pipeline
+from mcpc.qat_configs.quantization import Quantization
 
 SUPPORTED_SCHEMAS = (1,)
 
@@ -115,8 +116,8 @@ class QatConfig(_Section):
     precision: Precision
     pipeline: str
     check: Check
-    # Extension point: new optional sections go here, e.g.
-    #   quantization: Quantization | None = None
+    # Optional sections (None = not used); new ones go here.
+    quantization: Quantization | None = None
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
     _source: str = PrivateAttr(default="<config>")
@@ -211,32 +212,85 @@ def parse_config(text: str, source: str) -> QatConfig:
         raise ConfigError(f"{source}: " + "; ".join(parts)) from None
     _check_precision_is_built(config, source)
     config._source = source
+    check_implemented(config)
     return config
 
 
 def built_precision(config: QatConfig) -> str:
-    """The storage dtype of weights and activations that ``config``'s pipeline builds: the
-    ``dtype`` of its ``convert-precision`` pass (default f16), else f32."""
+    """The float storage dtype of activations (and unquantized weights) that ``config``'s pipeline
+    builds: the ``dtype`` of its ``convert-precision`` pass (default f16), else f32."""
     for name, options in parse_pipeline(config.pipeline_text()):
         if name == "convert-precision":
             return options.get("dtype", "f16")
     return "f32"
 
 
+def built_weights(config: QatConfig) -> str:
+    """The dtype the build stores MatMul/Gemm weights in: the quantized code dtype when the config
+    quantizes weights (``quantization.weights``), else the float build dtype."""
+    q = config.quantization
+    return q.weights.code_dtype if q is not None else built_precision(config)
+
+
+def built_activations(config: QatConfig) -> str:
+    """The dtype activations are held in between ops: the quantized dtype when
+    ``quantization.activations.where`` is ``all``, else the float build dtype."""
+    q = config.quantization
+    if q is not None and q.activations.where == "all":
+        return q.activations.dtype
+    return built_precision(config)
+
+
+QUANTIZE_PASS = "quantize-weights"
+
+
 def _check_precision_is_built(config: QatConfig, source: str) -> None:
-    """``precision`` must describe the build the pipeline makes: a config asking for int4 weights
-    of an fp16 pipeline would otherwise compile an fp16 build without a word."""
-    built = built_precision(config)
-    p = config.precision
-    wrong = [(key, getattr(p, key)) for key in ("weights", "activations") if getattr(p, key) != built]
-    if p.accumulate != "f32":
-        wrong.append(("accumulate", p.accumulate))
-    if wrong:
-        said = "; ".join(f"precision.{key}: {value}" for key, value in wrong)
+    """``precision`` must describe the build the pipeline makes (an int4 config compiling an fp16
+    build without a word is the bug this prevents), and ``quantization`` must have the pass that
+    applies it in the pipeline (and the pass a section to apply)."""
+    passes = [name for name, _ in parse_pipeline(config.pipeline_text())]
+    q = config.quantization
+    where = f"pipeline {config.pipeline.strip()!r}"
+    if q is not None and QUANTIZE_PASS not in passes:
         raise ConfigError(
-            f"{source}: {said}: the pipeline builds {built} weights and activations with f32 "
-            f"accumulation (pipeline {config.pipeline.strip()!r}); quantized weights and activations "
-            "(i4, i8, f8) are not implemented yet, so this config would compile another build than it asks"
+            f"{source}: quantization: the {where} has no {QUANTIZE_PASS} pass, so this section would "
+            "be ignored (use a quantizing preset such as quant-fp16)"
+        )
+    if q is None and QUANTIZE_PASS in passes:
+        raise ConfigError(
+            f"{source}: pipeline: {QUANTIZE_PASS} needs a quantization: section saying how to quantize"
+        )
+    built = {"weights": built_weights(config), "activations": built_activations(config)}
+    p = config.precision
+    wrong = [
+        (key, getattr(p, key), built[key])
+        for key in ("weights", "activations")
+        if getattr(p, key) != built[key]
+    ]
+    if p.accumulate != "f32":
+        wrong.append(("accumulate", p.accumulate, "f32"))
+    if wrong:
+        said = "; ".join(f"precision.{key}: {value} (the build makes {want})" for key, value, want in wrong)
+        how = (
+            "quantization.weights and quantization.activations say the quantized dtypes"
+            if q is not None
+            else "quantized weights and activations (i4, i8, f8) need a quantization: section"
+        )
+        raise ConfigError(
+            f"{source}: {said}: the pipeline builds {built['weights']} weights and {built['activations']} "
+            f"activations with f32 accumulation ({where}); {how}, so this config would compile another "
+            "build than it asks"
+        )
+
+
+def check_implemented(config: QatConfig) -> None:
+    """Refuse (UnsupportedError, exit 4) keys that validate but that no pass honours yet."""
+    q = config.quantization
+    todo = q.unimplemented() if q is not None else []
+    if todo:
+        raise UnsupportedError(
+            f"{config.source}: {'; '.join(todo)}: not implemented yet (the KV cache is stored in the "
+            "activation dtype, uncompressed); remove the key(s) or leave them at their defaults"
         )
 
 

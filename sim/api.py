@@ -102,6 +102,9 @@ def run_program(
     timing_only: bool = False,
     registers: dict[int, int] | None = None,
     max_cycles: int | None = None,
+    machine: Machine | None = None,
+    recs: list | None = None,
+    observe: dict | None = None,
 ) -> SimResult:
     """Run entry point ``entry`` on ``inputs`` (name -> array) and collect outputs and the profile.
 
@@ -113,10 +116,21 @@ def run_program(
 
     ``max_cycles`` stops a runaway program: an instruction that would issue later traps (SimTrap).
 
+    ``observe`` maps an instruction index to ``f(machine)``, called right after that instruction
+    executes (``mcpc check --per-node`` reads intermediate values there); cycles are unchanged and
+    the run starts from a fresh machine.
+
     ``registers`` sets scalar registers (number -> s32 value) before the first instruction: a
     low-level hook for run-time extents until programs declare host registers by name.  A run with
     registers set always starts from a fresh machine (the reuse of ``fastpath`` assumes the
     registers start at zero).
+
+    ``machine``: run a functional run on this machine as it is (``Session`` keeps one across
+    runs, restored by itself, for the persistent buffers), with ``recs`` (default: the program's
+    ``session_recs``); None: the program's own machine, restored.
+
+    An entry that reads host registers (section HREG) refuses to run unless ``registers`` sets
+    every one of them, within its declared range (``Session.run`` sets them by name).
 
     Raises InputError for an unknown entry, a missing or mis-shaped input (named), and SimTrap
     (naming the instruction address, mnemonic and ONNX node) when the program traps or deadlocks.
@@ -127,6 +141,23 @@ def run_program(
     for reg, value in (registers or {}).items():
         if not (0 < reg < N_REGS) or not -(1 << 31) <= value < 1 << 31:
             raise InputError(f"register r{reg} = {value}: registers are r1..r{N_REGS - 1}, values s32")
+    unset = [
+        f"{h['name']} (r{h['reg']})"
+        for h in program.program.host_registers
+        if entry in h["entries"] and h["reg"] not in (registers or {})
+    ]
+    if unset:
+        raise InputError(
+            f"{src}: entry {entry!r} reads host register(s) {', '.join(unset)}, which are not set "
+            "(mcpc sim run --set-reg NAME=VALUE, Session.run(registers={NAME: VALUE}))"
+        )
+    for h in program.program.host_registers:  # the compiler proved its offsets for these ranges only
+        value = (registers or {}).get(h["reg"])
+        if value is not None and not h["min"] <= value <= h["max"]:
+            raise InputError(
+                f"{src}: host register {h['name']} (r{h['reg']}) = {value} is outside its declared "
+                f"range [{h['min']}, {h['max']}]"
+            )
     in_bindings = io.get("inputs", [])
     missing = [b["name"] for b in in_bindings if b["name"] not in inputs]
     if missing:
@@ -141,9 +172,13 @@ def run_program(
         writes.append((addr, raw))
     if timing_only:
         m, recs = Machine(program.dram_size, t.sram.size_bytes), program.timing_recs()
+    elif machine is not None:
+        m, recs = machine, recs or program.session_recs()
+        for addr, raw in writes:
+            m.dram[addr : addr + raw.size] = raw
     else:
         plan = None
-        if not registers:
+        if not registers and not observe:
             plan = fastpath.plan(program, entry, order, [(a, a + raw.size) for a, raw in writes])
         if plan is None:  # a fresh machine: the constants copied in, everything else zero
             m, recs = Machine(program.dram_size, t.sram.size_bytes), program.recs
@@ -156,6 +191,8 @@ def run_program(
                 fastpath.wrote(program, addr, addr + raw.size)
         for addr, raw in writes:
             m.dram[addr : addr + raw.size] = raw
+    if observe and not timing_only:
+        recs = _observed(recs, observe)
     m.numeric = []  # a program's machine is reused from run to run
     for reg, value in (registers or {}).items():
         m.regs[reg] = int(value)
@@ -188,6 +225,20 @@ def run_program(
     profile["numeric"] = None if timing_only else numeric.report(program, m.numeric, outputs)
     events = trace_events(program, entry, order, issue) if trace else None
     return SimResult(outputs=outputs, profile=profile, trace_events=events)
+
+
+def _observed(recs: list[tuple], observe: dict) -> list[tuple]:
+    """``recs`` with ``observe[i](machine)`` run after instruction i's own executor."""
+    out = list(recs)
+    for idx, fn in observe.items():
+        r = out[idx]
+
+        def run(machine, args, _exec=r[3], _fn=fn):
+            _exec(machine, args)
+            _fn(machine)
+
+        out[idx] = (*r[:3], run, *r[4:])
+    return out
 
 
 def random_inputs(program: LoadedProgram, entry: str = "main", seed: int = 0) -> dict[str, np.ndarray]:

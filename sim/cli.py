@@ -69,6 +69,43 @@ def _require_no_inputs(loaded, entry: str, program: Path) -> None:
         )
 
 
+def _pick_entry(loaded, entry: str | None, program: Path) -> str:
+    """``entry``, or the program's only entry point; UsageError when several and none named."""
+    names = list(loaded.entries)
+    if entry is not None:
+        return entry  # an unknown name is refused by run_program (exit 3, naming the entries)
+    if len(names) == 1:
+        return names[0]
+    raise UsageError(
+        f"{program}: the program has {len(names)} entry points ({', '.join(names) or 'none'}): "
+        "choose one with --entry NAME"
+    )
+
+
+def _registers(loaded, entry: str, set_regs: tuple[str, ...]) -> dict[int, int]:
+    """--set-reg NAME=VALUE options as register numbers; UsageError (exit 2) for a malformed
+    option, an unknown name, a value outside the declared range or a register left unset."""
+    from mcpc.errors import InputError
+    from mcpc.sim.session import named_registers
+
+    named: dict[str, int] = {}
+    for item in set_regs:
+        name, eq, value = item.partition("=")
+        try:
+            number = int(value.strip(), 0)
+        except ValueError:
+            number = None
+        if not eq or not name.strip() or number is None:
+            raise UsageError(f"--set-reg {item!r}: expected NAME=VALUE with an integer VALUE")
+        named[name.strip()] = number
+    if entry not in loaded.entries:
+        return {}  # run_program names the entries
+    try:
+        return named_registers(loaded, entry, named)
+    except InputError as exc:
+        raise UsageError(exc.message) from None
+
+
 @click.group("sim")
 def sim_group():
     """Run compiled .mcpb programs on the MCP 2026 simulator."""
@@ -99,7 +136,14 @@ def sim_group():
     type=click.Path(path_type=Path, dir_okay=False),
     help="Write a Chrome/Perfetto trace-event JSON (one track per engine).",
 )
-@click.option("--entry", default="main", show_default=True, help="Entry point to run.")
+@click.option("--entry", default=None, help="Entry point to run (needed when the program has several).")
+@click.option(
+    "--set-reg",
+    "set_regs",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Set a host register the program declares (repeatable; mcpc inspect lists them).",
+)
 @click.option(
     "--timing-only",
     is_flag=True,
@@ -111,6 +155,12 @@ def sim_group():
     type=click.IntRange(min=0),
     default=None,
     help="Stop a runaway program: trap (exit 5) when an instruction would issue after this cycle.",
+)
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write an HTML report of the run (cycles per node by engine, roofline, memory).",
 )
 @click.option(
     "--strict",
@@ -126,9 +176,11 @@ def run_command(
     profile_json,
     trace_path,
     entry,
+    set_regs,
     timing_only,
     max_cycles,
     strict,
+    report_path=None,
 ):
     """Simulate PROGRAM (.mcpb) and print cycles, latency, traffic, utilisation and top nodes."""
     from rich.console import Console
@@ -144,6 +196,8 @@ def run_command(
     if timing_only and outputs_path:
         raise UsageError("--outputs needs the values: a --timing-only run computes none")
     loaded = load_program(program)
+    entry = _pick_entry(loaded, entry, program)
+    registers = _registers(loaded, entry, set_regs)
     if inputs_path:
         inputs = read_npz(inputs_path)
     elif random_inputs:
@@ -158,6 +212,7 @@ def run_command(
         trace=trace_path is not None,
         timing_only=timing_only,
         max_cycles=max_cycles,
+        registers=registers,
     )
     if outputs_path:
         write_atomic(outputs_path, _npz_bytes(result.outputs))
@@ -170,6 +225,10 @@ def run_command(
             "otherData": {"program": program.name, "target": loaded.target.name, "entry": entry},
         }
         write_atomic(trace_path, json.dumps(doc, separators=(",", ":")).encode("utf-8"))
+    if report_path:
+        from mcpc.report import write_profile_report
+
+        write_profile_report(result.profile, program.name, report_path)
     render_summary(result.profile, Console(soft_wrap=True, highlight=False), source=program.name)
     problem = numeric_message(result.profile["numeric"] or {})
     if strict and problem:

@@ -2,8 +2,10 @@
 and constant matmul operands prepared (widened to f32, made contiguous) once per loaded program.
 
 Everything but the values is static: the order in which an entry's instructions execute (costs
-are static), the DRAM addresses of its DMAs (registers are written only by ``setr`` immediates)
-and the SRAM operands of every instruction are the same in every run.  On an entry's second run
+are static), the DRAM addresses of its DMAs (registers are written only by ``setr`` immediates
+and ``salu``; a run with host registers set, or a ``Session``, uses only the plan's records,
+and a register-offset load never counts as a constant load) and the SRAM operands of every
+instruction are the same in every run.  On an entry's second run
 ``plan`` replays that order once without values, tracking for every SRAM byte the ``load`` of
 constant bytes that wrote it (-1 when anything else did), and derives:
 
@@ -203,7 +205,7 @@ def _replay(program: Any, st: State, order: range) -> Plan:
 
     def step(m: Machine, x: tuple) -> None:
         idx, fn, a = x
-        if fn is ex.SETR or fn is ex.TRAP:
+        if fn is ex.SETR or fn is ex.TRAP or fn is ex._salu:  # registers: DMA addresses follow them
             fn(m, a)
         elif fn is ex.NOP:
             pass
@@ -218,7 +220,7 @@ def _replay(program: Any, st: State, order: range) -> Plan:
                     raise _Unsupported
                 stores.append((lo, hi))
                 read(sram_side)
-            elif st.in_const(lo, hi):
+            elif st.in_const(lo, hi) and not reg:  # a register offset may read elsewhere next run
                 sram_side[...] = idx
                 const_loads.add(idx)
             else:

@@ -27,7 +27,7 @@ from mcpc.errors import InputError, McpcError
 from . import numeric
 from .decode import fast_decode
 from .execute import compile_extent, compile_instr, extent_register, illegal, is_trap, timing_twin
-from .machine import nbytes
+from .machine import Fault, nbytes
 from .timing import ex_dependencies, instr_cost
 
 NO_NODE = "<unattributed>"
@@ -68,6 +68,8 @@ class LoadedProgram:
     # Instructions whose row count a register sets at run time: (index, cell of their last cost).
     extents: list[tuple[int, list]] = field(default_factory=list)
     _timing_recs: list[tuple] | None = field(default=None, repr=False)
+    _session_recs: list[tuple] | None = field(default=None, repr=False)
+    _register_stores: list[tuple] | None = field(default=None, repr=False)
     _fast: object = field(default=None, repr=False)  # sim/fastpath.State, made on the first run
 
     def timing_recs(self) -> list[tuple]:
@@ -75,6 +77,39 @@ class LoadedProgram:
         if self._timing_recs is None:
             self._timing_recs = [r[:3] + (timing_twin(r[3]),) + r[4:] for r in self.recs]
         return self._timing_recs
+
+    def session_recs(self) -> list[tuple]:
+        """``recs`` with every register-offset ``store`` confined to the memory-map region holding
+        its base address: one that would write outside it faults (a ``Session`` keeps DRAM from
+        run to run, so a stray store must not reach the constants or another buffer)."""
+        if self._session_recs is None:
+            self._session_recs = self.confine_stores(self.recs)
+        return self._session_recs
+
+    def confine_stores(self, recs: list[tuple]) -> list[tuple]:
+        """``recs`` (records of this program) with every register-offset store confined to its
+        region (``session_recs``)."""
+        if self._register_stores is None:
+            regions = [
+                (r["dram"], r["dram"] + r["bytes"], str(r.get("name")))
+                for r in self.memory_map.get("regions") or []
+                if r["bytes"] > 0
+            ]
+            self._register_stores = []
+            for idx, name in enumerate(self.mnemonics):
+                if name == "store":
+                    f = self.instr(idx).fields
+                    if f["dram_reg"]:
+                        span = (f["rows"] - 1) * f["dram_stride"] + f["row_bytes"] if f["rows"] else 0
+                        home = next((r for r in regions if r[0] <= f["dram"] < r[1]), None)
+                        lo, hi, what = home or (0, 0, "<none>")
+                        self._register_stores.append((idx, (f["dram"], span, f["dram_reg"], lo, hi, what)))
+        recs = list(recs)
+        for idx, where in self._register_stores:
+            recs[idx] = (
+                recs[idx][:3] + (_confined_store, (recs[idx][3], recs[idx][4], *where)) + recs[idx][5:]
+            )
+        return recs
 
     @property
     def meta(self) -> dict:
@@ -119,6 +154,17 @@ class LoadedProgram:
             extra = ", ".join(x for x in (op_type, ir_op) if x)
             what += f" ({extra})" if extra else ""
         return what
+
+
+def _confined_store(m, x) -> None:
+    fn, args, base, span, reg, lo, hi, what = x
+    addr = base + m.regs[reg]
+    if addr < lo or addr + span > hi:
+        raise Fault(
+            f"register-offset store writes DRAM [{addr:#x}, {addr + span:#x}) outside its region "
+            f"{what!r} [{lo:#x}, {hi:#x}) (r{reg} = {m.regs[reg]})"
+        )
+    fn(m, args)
 
 
 def load_program(path: str | os.PathLike) -> LoadedProgram:
@@ -264,6 +310,35 @@ def _check_binding(src: str, where: str, b, dram_size: int) -> str:
     return b["name"]
 
 
+def _check_persistent(src: str, regions: list, places: list[tuple[int, int, int]]) -> None:
+    """Persistent regions (kept from run to run in a Session, zeroed by reset) have a unique
+    name, a ``dtype``/``shape`` matching their bytes when given, and overlap no constant region
+    and no other persistent region (a reset would zero what they share)."""
+    seen: list[tuple[int, int, str]] = []
+    names: set[str] = set()
+    for region in regions:
+        if region.get("kind") != "persistent":
+            continue
+        name, lo, hi = region.get("name"), region["dram"], region["dram"] + region["bytes"]
+        if not isinstance(name, str) or not name or name in names:
+            raise InputError(f"{src}: persistent region {region!r} needs a unique name")
+        names.add(name)
+        dtype, shape = region.get("dtype"), region.get("shape")
+        if dtype is not None or shape is not None:
+            ok = isinstance(dtype, str) and dtype in NUMPY_DTYPES and isinstance(shape, list)
+            ok = ok and all(_is_int(d) and d >= 0 for d in shape)
+            if not ok or nbytes(dtype, int(np.prod(shape, dtype=np.int64))) != region["bytes"]:
+                raise InputError(
+                    f"{src}: persistent region {name!r}: dtype {dtype!r} and shape {shape!r} do not "
+                    f"describe its {region['bytes']} bytes"
+                )
+        others = [(d, d + n, "a constant region") for d, _, n in places] + seen
+        for a, b, what in others:
+            if a < hi and lo < b and hi > lo:
+                raise InputError(f"{src}: persistent region {name!r} [{lo}, {hi}) overlaps {what}")
+        seen.append((lo, hi, f"persistent region {name!r}"))
+
+
 def _check_memory_map(p: LoadedProgram) -> list[tuple[int, int, int]]:
     """Validate the memory map against the target and CNST; returns where each constant slice goes.
 
@@ -296,6 +371,7 @@ def _check_memory_map(p: LoadedProgram) -> list[tuple[int, int, int]]:
                 )
             places.append((region["dram"], start, region["bytes"]))
             offset = start + region["bytes"]
+    _check_persistent(src, regions, places)
     covered = sum(b for _, _, b in places)
     if covered < len(p.program.constants):
         raise InputError(

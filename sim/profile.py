@@ -81,6 +81,20 @@ def build_profile(p: LoadedProgram, entry: str, order: range, issue: list, done:
         "roofline": roofline,
         "nodes": _nodes(p, sl, iss, don, busy),
         "ir_ops": _ir_ops(p, sl, busy),
+        "memory": memory_breakdown(p.memory_map),
+    }
+
+
+def memory_breakdown(memory_map: dict) -> dict:
+    """NPU DRAM the program occupies: ``peak_bytes`` (the planned DRAM size, every region included)
+    and ``bytes_per_kind`` summed over the memory map's regions (``const`` = weights, ``input``,
+    ``output``, ``scratch`` = activations; later kinds such as ``persistent`` listed as they come)."""
+    per_kind: Counter = Counter()
+    for region in memory_map.get("regions") or []:
+        per_kind[str(region.get("kind", "?"))] += int(region.get("bytes", 0))
+    return {
+        "peak_bytes": int(memory_map.get("dram_size", 0)),
+        "bytes_per_kind": dict(sorted(per_kind.items())),
     }
 
 
@@ -101,6 +115,13 @@ def _nodes(p: LoadedProgram, sl: slice, iss: np.ndarray, don: np.ndarray, busy: 
     k = len(p.nodes)
     cyc = np.bincount(node, weights=busy, minlength=k)
     cnt = np.bincount(node, minlength=k)
+    eng = p.engine_of[sl]
+    per_engine = [
+        np.bincount(node[eng == e], weights=busy[eng == e], minlength=k) for e in range(len(ENGINES))
+    ]
+    macs = np.bincount(node, weights=p.macs[sl], minlength=k)
+    dram = np.bincount(node, weights=p.dram_read[sl] + p.dram_write[sl], minlength=k)
+    covered = _covered(node, iss, busy, k)
     first = np.full(k, np.iinfo(np.int64).max, dtype=np.int64)
     last = np.zeros(k, dtype=np.int64)
     np.minimum.at(first, node, iss)
@@ -116,10 +137,33 @@ def _nodes(p: LoadedProgram, sl: slice, iss: np.ndarray, don: np.ndarray, busy: 
                 "span": int(last[j] - first[j]),
                 "first_issue": int(first[j]),
                 "instructions": int(cnt[j]),
+                "engine_cycles": {name: int(per_engine[e][j]) for e, name in enumerate(ENGINES)},
+                "idle": int(last[j] - first[j] - covered[j]),
+                "macs": int(macs[j]),
+                "dram_bytes": int(dram[j]),
             }
         )
     rows.sort(key=lambda r: (-r["cycles"], r["name"]))
     return rows
+
+
+def _covered(node: np.ndarray, iss: np.ndarray, busy: np.ndarray, k: int) -> np.ndarray:
+    """Per node, the cycles of its span in which at least one of its instructions is busy on some
+    engine (the union of its [issue, issue + busy) intervals); ``span - covered`` is its idle time."""
+    if not len(node):
+        return np.zeros(k, dtype=np.int64)
+    start = iss.astype(np.int64)
+    end = start + busy.astype(np.int64)
+    order = np.lexsort((start, node))
+    n, s, e = node[order].astype(np.int64), start[order], end[order]
+    # a running maximum of the end within each node: offsetting node j by j * (max end + 1) keeps
+    # one node's ends from leaking into the next node's maximum
+    off = n * (int(e.max()) + 1)
+    reach = np.maximum.accumulate(e + off) - off
+    prev = np.concatenate(([0], reach[:-1]))
+    prev[np.concatenate(([True], n[1:] != n[:-1]))] = 0
+    gain = np.clip(e - np.maximum(s, prev), 0, None)
+    return np.bincount(n, weights=gain, minlength=k).astype(np.int64)
 
 
 def _ir_ops(p: LoadedProgram, sl: slice, busy: np.ndarray) -> list[dict]:

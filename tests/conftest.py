@@ -1,9 +1,10 @@
 """Shared test helpers: run an ONNX model with ONNX Runtime / the ONNX reference evaluator, build
 single-node models, and the normalized max error every accuracy check uses.
 
-Skips: a test of our own code never skips.  The one legal skip is an optional extra that is not
-installed, taken through ``require_extra``; any other skip fails the run (``pytest_sessionfinish``)
-and every run prints how many tests skipped and why.
+Skips: a test of our own code never skips.  The legal skips are an optional extra that is not
+installed, taken through ``require_extra``, and a browser test on a machine without Chromium
+(``require_chromium``; `.ci/run` installs it, so CI always runs them); any other skip fails the run
+(``pytest_sessionfinish``) and every run prints how many tests skipped and why.
 """
 
 from __future__ import annotations
@@ -148,6 +149,8 @@ def examples_dir(tmp_path_factory):
 # -- skips ---------------------------------------------------------------------------------------
 
 OPTIONAL_EXTRA_SKIP = "optional extra not installed"
+BROWSER_SKIP = "headless Chromium not installed"
+ALLOWED_SKIPS = (OPTIONAL_EXTRA_SKIP, BROWSER_SKIP)
 _skipped: list[tuple[str, str]] = []
 
 
@@ -157,6 +160,19 @@ def require_extra(module: str, extra: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as err:
         pytest.skip(f"{OPTIONAL_EXTRA_SKIP}: {extra} ({err}); pip install -e '.[{extra}]'")
+
+
+def require_chromium() -> str:
+    """The path of a Chromium for headless browser tests, or skip with the one reason allowed."""
+    import shutil
+
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.skip(
+        f"{BROWSER_SKIP}: no chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)"
+    )
 
 
 def _skip_reason(report) -> str:
@@ -170,7 +186,7 @@ def pytest_runtest_logreport(report):
 
 
 def _forbidden_skips() -> list[tuple[str, str]]:
-    return [(node, why) for node, why in _skipped if OPTIONAL_EXTRA_SKIP not in why]
+    return [(node, why) for node, why in _skipped if not any(ok in why for ok in ALLOWED_SKIPS)]
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -180,8 +196,9 @@ def pytest_sessionfinish(session, exitstatus):
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     forbidden = _forbidden_skips()
+    allowed = len(_skipped) - len(forbidden)
     terminalreporter.write_line(
-        f"skips: {len(_skipped)} ({len(_skipped) - len(forbidden)} for optional extras not installed)"
+        f"skips: {len(_skipped)} ({allowed} for optional extras or Chromium not installed)"
     )
     for node, why in forbidden:
         terminalreporter.write_line(f"FORBIDDEN SKIP (our own code must fail, not skip): {node}: {why}")

@@ -38,3 +38,13 @@ def test_a_missing_optional_extra_may_skip(tmp_path):
     result = _pytest_on(tmp_path, body)
     assert result.returncode == 0, result.stdout
     assert "skips: 1 (1 for optional extras" in result.stdout and "FORBIDDEN" not in result.stdout
+
+
+def test_a_missing_chromium_may_skip_a_browser_test(tmp_path):
+    body = (
+        "import os\n\nfrom conftest import require_chromium\n\n"
+        "def test_a():\n    os.environ['PATH'] = ''\n    require_chromium()\n"
+    )
+    result = _pytest_on(tmp_path, body)
+    assert result.returncode == 0, result.stdout
+    assert "skips: 1 (1 for optional extras or Chromium" in result.stdout and "FORBIDDEN" not in result.stdout

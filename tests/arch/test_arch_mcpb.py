@@ -88,9 +88,9 @@ def test_header_corruptions(tmp_path):
     _refused(tmp_path, b"PK\x03\x04" + good[4:], "not an .mcpb file")
     _refused(tmp_path, b"", "not an .mcpb file")
     _refused(tmp_path, good[:5], "truncated")
-    _refused(tmp_path, good[:8] + struct.pack("<H", 3) + good[10:], "unsupported .mcpb version 3.0")
+    _refused(tmp_path, good[:8] + struct.pack("<HH", 3, 0) + good[12:], "unsupported .mcpb version 3.0")
     # A version-1 file (ISA v1 words) is refused by its version, with the reason.
-    v1 = good[:8] + struct.pack("<H", 1) + good[10:]
+    v1 = good[:8] + struct.pack("<HH", 1, 0) + good[12:]
     _refused(tmp_path, v1, "unsupported .mcpb version 1.0 (this toolchain reads 2.x)")
     _refused(tmp_path, v1, "recompile the model")
     name_at = 8 + 8 + 2
@@ -132,3 +132,61 @@ def test_text_size_and_entries_are_checked(tmp_path):
 def test_unreadable_path(tmp_path):
     with pytest.raises(InputError, match="cannot read"):
         read_mcpb(tmp_path / "missing.mcpb")
+
+
+HREG = [{"name": "pos", "reg": 1, "min": 0, "max": 7, "entries": ["main"]}]
+
+
+def test_host_registers_round_trip_in_an_optional_section(tmp_path):
+    plain, with_regs = _program(), _program(host_registers=HREG)
+    write_mcpb(tmp_path / "a.mcpb", plain)
+    write_mcpb(tmp_path / "b.mcpb", with_regs)
+    assert [t for t, *_ in section_table(tmp_path / "a.mcpb")] == list(SECTION_ORDER)
+    assert [t for t, *_ in section_table(tmp_path / "b.mcpb")] == [*SECTION_ORDER, "HREG"]
+    assert read_mcpb(tmp_path / "a.mcpb").host_registers == []
+    assert read_mcpb(tmp_path / "b.mcpb") == with_regs
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"regs": "pos"},
+        [dict(HREG[0], reg=0)],
+        [dict(HREG[0], reg=16)],
+        [dict(HREG[0], min=8)],
+        [dict(HREG[0], entries=["decode"])],
+        [HREG[0], dict(HREG[0], name="len")],  # two names on one register
+        [HREG[0], dict(HREG[0], reg=2)],  # one name twice
+        [dict(HREG[0], max=2**31)],
+    ],
+)
+def test_malformed_host_registers_are_refused(tmp_path, bad):
+    write_mcpb(tmp_path / "m.mcpb", _program(host_registers=bad))
+    with pytest.raises(InputError, match="section HREG"):
+        read_mcpb(tmp_path / "m.mcpb")
+
+
+@pytest.mark.parametrize(
+    "region, message",
+    [
+        ({"name": "kv", "dram": 0, "bytes": 64}, "overlaps a constant region"),
+        ({"name": "kv", "dram": 4096, "bytes": 64, "dtype": "f32", "shape": [4, 4]}, None),
+        ({"name": "kv", "dram": 4096, "bytes": 64, "dtype": "f32", "shape": [4, 5]}, "do not describe"),
+        ({"name": "kv", "dram": 4096, "bytes": 64, "dtype": "q7", "shape": [4, 4]}, "do not describe"),
+        ({"name": "", "dram": 4096, "bytes": 64}, "needs a unique name"),
+    ],
+)
+def test_persistent_regions_are_checked_when_loaded(tmp_path, region, message):
+    from mcpc.sim.api import load_program
+
+    regions = [
+        {"name": "constants", "kind": "const", "dram": 0, "bytes": 768},
+        dict(region, kind="persistent"),
+    ]
+    mm = {"dram_size": 8192, "regions": regions, "sram_peak_bytes": 2048}
+    write_mcpb(tmp_path / "m.mcpb", _program(memory_map=mm, io={"main": {"inputs": [], "outputs": []}}))
+    if message is None:
+        load_program(tmp_path / "m.mcpb")
+    else:
+        with pytest.raises(InputError, match=message):
+            load_program(tmp_path / "m.mcpb")

@@ -131,3 +131,94 @@ def test_the_shipped_configs_describe_their_builds():
     for name in ("fp16", "fp32"):
         cfg = load_config(name)
         assert cfg.precision.weights == cfg.precision.activations == schema.built_precision(cfg)
+
+
+# -- quantization: section ------------------------------------------------------------------------
+
+
+def test_shipped_quantization_configs():
+    w4 = load_config("qat_w4a16.yaml")
+    q = w4.quantization
+    assert (q.weights.bits, q.weights.group_size, q.weights.symmetric, q.weights.scale_dtype) == (
+        4,
+        32,
+        True,
+        "f16",
+    )
+    assert q.weights.algorithm == "auto" and not q.activations.quantized and q.needs_calibration() is None
+    assert (w4.precision.weights, w4.precision.activations) == ("i4", "f16")
+    gptq = load_config("qat_gptq_g128.yaml").quantization.weights
+    assert (gptq.bits, gptq.group_size, gptq.desc_act, gptq.symmetric, gptq.code_dtype) == (
+        4,
+        128,
+        True,
+        False,
+        "u4",
+    )
+    fp8 = load_config("qat_int4_fp8.yaml")
+    assert fp8.quantization.weights.code_dtype == "f8e4m3fn" and fp8.precision.activations == "i4"
+    assert fp8.quantization.needs_calibration() == "quantization.activations.where: all"
+    mixed = load_config("qat_mixed.yaml").quantization
+    assert mixed.sensitivity.thresholds.int6 < mixed.sensitivity.thresholds.int8
+    assert mixed.needs_calibration() == "quantization.sensitivity"
+    for name in shipped_configs():
+        cfg = load_config(name)
+        assert cfg.precision.weights == schema.built_weights(cfg), name
+        assert cfg.precision.activations == schema.built_activations(cfg), name
+
+
+QUANT = VALID.replace("weights: f32,", "weights: i4,").replace('"fold-constants, dce"', "quant-fp32") + (
+    "quantization:\n  weights: {bits: 4, group_size: 32}\n"
+)
+
+
+def test_quantization_section_validates_with_key_paths():
+    assert parse_config(QUANT, "q.yaml").quantization.weights.code_dtype == "i4"
+    assert "quantization.weights: bits: expected one of 4, 6, 8, got 3" in _error(
+        QUANT.replace("bits: 4", "bits: 3")
+    )
+    msg = _error(QUANT.replace("group_size: 32", "group_size: 32, algorithm: gptx"))
+    assert "quantization.weights.algorithm" in msg and "'gptq'" in msg
+    msg = _error(QUANT.replace("group_size: 32}", "group_size: 32, desc_act: true, algorithm: mse}"))
+    assert "desc_act is a GPTQ option" in msg
+    msg = _error(QUANT + "  activations: {dtype: i8}\n")
+    assert "quantization.activations: dtype i8 quantizes activations: say where" in msg
+    msg = _error(QUANT + "  calibration: {method: ema, decay: 1.5}\n")
+    assert "quantization.calibration.decay" in msg
+    msg = _error(QUANT + "  sensitivity: {thresholds: {int6: 0.1, int8: 0.01}}\n")
+    assert "int6 (0.1) must not exceed int8 (0.01)" in msg
+    msg = _error(QUANT + "  overrides:\n    - {pattern: 'x', bits: 5}\n")
+    assert "overrides[0] ('x')" in msg
+    assert "quantization.weigths: unknown key" in _error(QUANT.replace("  weights:", "  weigths:"))
+
+
+def test_precision_must_agree_with_quantization():
+    msg = _error(QUANT.replace("weights: i4,", "weights: f32,"))
+    assert "precision.weights: f32 (the build makes i4)" in msg
+    msg = _error(QUANT.replace("group_size: 32}", "group_size: 32, symmetric: false}"))
+    assert "precision.weights: i4 (the build makes u4)" in msg
+    msg = _error(QUANT.replace("quant-fp32", "fp32"))
+    assert "quantization: the pipeline 'fp32' has no quantize-weights pass" in msg
+    no_section = VALID.replace('"fold-constants, dce"', "quant-fp32")
+    assert "pipeline: quantize-weights needs a quantization: section" in _error(no_section)
+
+
+def test_kv_cache_keys_validate_and_unimplemented_ones_are_refused():
+    from mcpc.errors import UnsupportedError
+
+    ok = parse_config(QUANT + "  kv_cache: {quant: fp16}\n", "q.yaml")
+    assert ok.quantization.kv_cache.quant == "fp16"
+    assert "quantization.kv_cache.quant" in _error(QUANT + "  kv_cache: {quant: int4}\n")
+    assert "needs a policy" in _error(QUANT + "  kv_cache: {sparsity_ratio: 0.7}\n")
+    for extra, key in [
+        ("{quant: int8}", "kv_cache.quant: int8"),
+        ("{sparsity_ratio: 0.7, policy: heavy_hitter}", "kv_cache.sparsity_ratio: 0.7"),
+        ("{dynamic_window: true}", "kv_cache.dynamic_window: True"),
+    ]:
+        with pytest.raises(UnsupportedError) as info:
+            parse_config(QUANT + f"  kv_cache: {extra}\n", "q.yaml")
+        assert info.value.exit_code == 4
+        assert (
+            info.value.message.startswith(f"q.yaml: quantization.{key}")
+            and "not implemented yet" in info.value.message
+        )

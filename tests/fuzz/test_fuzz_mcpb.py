@@ -142,3 +142,42 @@ def test_a_good_file_still_runs(base, tmp_path):
         path.write_bytes(raw)
         loaded = load_program(path)
         assert run_program(loaded, random_inputs(loaded, "main")).outputs["y"].shape == (2, 8)
+
+
+@pytest.fixture(scope="module")
+def stateful():
+    """The ring-buffer program (persistent region, host register, two entries), fp32 build."""
+    from pathlib import Path
+
+    from mcpc.ir import parse_module
+
+    text = (Path(__file__).parents[1] / "data" / "ring_buffer.mcpir").read_text()
+    return mcpc.compile(parse_module(text), qat_config="fp32").program
+
+
+@FUZZ
+@given(data=st.data())
+def test_hostile_state_sections_are_refused_or_run(stateful, tmp_path_factory, data):
+    """HREG and the persistent regions of MMAP mutated: the file is refused, or every entry runs
+    in a Session (registers at their declared bounds) or traps as a user error."""
+    from mcpc.sim import Session
+
+    program = copy.deepcopy(stateful)
+    section = data.draw(st.sampled_from(["host_registers", "memory_map", "entries"]))
+    container = getattr(program, section)
+    if data.draw(st.booleans()):
+        _set(container, data)
+    else:
+        setattr(program, section, data.draw(HOSTILE))
+    try:
+        raw = mcpb.program_bytes(program)
+    except mcpc.errors.EncodeError:
+        return
+    path = tmp_path_factory.mktemp("state") / "p.mcpb"
+    path.write_bytes(raw)
+    with user_error_only(f"{section} mutated"):
+        session = Session(path)
+        for entry in session.entries:
+            for bound in ("min", "max"):
+                regs = {h["name"]: h[bound] for h in session.program.program.host_registers}
+                session.run(random_inputs(session.program, entry), entry, regs)

@@ -50,6 +50,11 @@ SAMPLES = {
     "mcp.broadcast": ([t(3, 1)], {"shape": [2, 1, 4]}),
     "mcp.quantize": ([t(4, 6, dtype=F16), t(4, 2), t(4, 2, dtype=I4)], {"axis": -1, "block_size": 3}),
     "mcp.dequantize": ([t(4, 6, dtype=U8), t(4, dtype=BF16), t(4, dtype=U8)], {"axis": 0, "out": F32}),
+    "mcp.scalar": ([t(dtype=I32), t(dtype=I32)], {"func": "mul", "imm": 3}),
+    # state ops need the module's declarations: tests/ir/test_state.py round-trips them
+    "mcp.host_reg": None,
+    "mcp.global_load": None,
+    "mcp.global_store": None,
 }
 
 

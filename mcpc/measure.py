@@ -1,0 +1,223 @@
+"""One build, measured: compile a model for a target with a QAT config, simulate it, compare it with
+ONNX Runtime, and return every figure as one JSON-ready row.  ``mcpc ci`` and ``mcpc sweep`` are
+built on ``measure_build``; neither computes a figure of its own.
+
+A row never raises for a build that cannot be made or run: a user-facing error (``McpcError``: a
+config needing calibration data it did not get, a model that does not fit, an unsupported op) and
+an internal error alike become ``status: "error"`` with the ``reason`` and the ``exit_code`` the CLI
+would have given, so a grid of builds always completes.  What a row holds:
+
+* ``metrics``: ``cycles``, ``latency_us``, ``peak_memory_bytes`` (NPU DRAM the program occupies:
+  weights, I/O and activations as planned), ``mcpb_bytes`` (the encoded file), ``weight_bytes``,
+  ``instructions``, ``macs``, ``dram_bytes``, accuracy against ONNX Runtime over every output
+  (``min_cosine``, ``max_norm_err``, ``min_top1`` when an output is logits-like), the build's own
+  check verdict ``check_passed``, and the wall times ``compile_s`` and ``sim_s`` (the only figures
+  that differ from run to run: ``WALL_TIME_METRICS``);
+* ``memory``: DRAM bytes per memory-map region kind; ``outputs``: the per-output comparison;
+  ``numeric``: the simulator's NaN/overflow section; ``build``: the compile report (whatever the
+  build reports: a quantizing pipeline's own sections travel in it unchanged).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+WALL_TIME_METRICS = ("compile_s", "sim_s")
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """What to build and how to feed it.
+
+    ``model`` is an ONNX path; ``inputs`` ``"random"`` (values drawn from the program's I/O
+    bindings with ``seed``) or an ``.npz`` path; ``dims`` binds symbolic dims as ``--dim`` does;
+    ``calib`` is calibration data handed to the compiler (for configs that quantize with it);
+    ``overrides`` are ``--set key=value`` target overrides.
+    """
+
+    name: str
+    model: str
+    target: str = "mcp2026-a100"
+    qat_config: str = "fp16"
+    dims: dict[str, int] = field(default_factory=dict)
+    inputs: str = "random"
+    seed: int = 0
+    calib: str | None = None
+    overrides: tuple[str, ...] = ()
+
+    def key(self) -> str:
+        """A digest of everything that determines the build's result: the spec itself plus the
+        contents of the files it names (model, inputs, calibration data, a config or target given
+        as a path), so a resumed sweep redoes a build whose files changed."""
+        h = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode())
+        for ref in (self.model, self.inputs, self.calib, self.qat_config, self.target):
+            if ref and Path(ref).is_file():
+                stat = Path(ref).stat()
+                h.update(_file_digest(str(Path(ref).resolve()), stat.st_size, stat.st_mtime_ns).encode())
+        return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=64)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    """SHA-256 of a whole file (a model edited in place may keep its size), computed once per
+    (path, size, modification time): a sweep asks for the key of each build several times."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def measure_build(spec: BuildSpec) -> dict[str, Any]:
+    """The row of ``spec`` (see the module doc); never raises for a build that fails."""
+    from mcpc.errors import EXIT_INTERNAL, McpcError
+
+    row: dict[str, Any] = {
+        "name": spec.name,
+        "key": spec.key(),
+        "model": spec.model,
+        "target": spec.target,
+        "qat_config": spec.qat_config,
+        "dims": dict(spec.dims),
+        "inputs": spec.inputs,
+        "calib": spec.calib,
+    }
+    try:
+        row.update(_measure(spec))
+        row["status"] = "ok"
+    except McpcError as err:
+        row.update(status="error", reason=err.message, exit_code=err.exit_code)
+        if err.exit_code == EXIT_INTERNAL:
+            row["reason"] = f"internal error: {err.message}"
+    except Exception as err:  # a bug of ours must not end a sweep of many builds: it is a row too
+        row.update(
+            status="error", reason=f"internal error: {type(err).__name__}: {err}", exit_code=EXIT_INTERNAL
+        )
+    return row
+
+
+def compiler_takes_calib() -> bool:
+    """Whether ``mcpc.compile`` takes calibration data (it arrives with the quantizing pipelines)."""
+    from mcpc import driver
+
+    return "calib" in inspect.signature(driver.compile).parameters
+
+
+def refuse_calib_if_unused(calib: str | None, where: str) -> None:
+    """UsageError when calibration data is given to a compiler that takes none (never ignored)."""
+    from mcpc.errors import UsageError
+
+    if calib is not None and not compiler_takes_calib():
+        raise UsageError(f"{where}: calibration data given, but this mcpc compiles no config with it")
+
+
+def _compile(spec: BuildSpec):
+    from mcpc import driver
+
+    kwargs: dict[str, Any] = {}
+    if spec.calib is not None:
+        refuse_calib_if_unused(spec.calib, spec.calib)
+        kwargs["calib"] = spec.calib
+    return driver.compile(
+        spec.model,
+        target=spec.target,
+        qat_config=spec.qat_config,
+        dims=spec.dims or None,
+        overrides=spec.overrides,
+        **kwargs,
+    )
+
+
+def _measure(spec: BuildSpec) -> dict[str, Any]:
+    from mcpc.arch.mcpb import program_bytes
+    from mcpc.check import Tolerances, is_logits, run_onnxruntime, vocabulary_sizes
+    from mcpc.errors import InputError
+    from mcpc.sim.api import from_program, random_inputs, run_program
+    from mcpc.sim.numeric import message as numeric_message
+
+    t0 = time.perf_counter()
+    result = _compile(spec)
+    compile_s = time.perf_counter() - t0
+    mcpb_bytes = len(program_bytes(result.program))
+    loaded = from_program(result.program, source=f"{spec.name}.mcpb")
+    inputs = _inputs(spec, loaded, random_inputs)
+    t1 = time.perf_counter()
+    sim = run_program(loaded, inputs)
+    sim_s = time.perf_counter() - t1
+    ref = run_onnxruntime(spec.model, _as_model_dtypes(spec.model, inputs))
+    tol = Tolerances.of_program(loaded.meta)
+    vocab = vocabulary_sizes(spec.model)
+    outputs = []
+    for name, y in sim.outputs.items():
+        if name not in ref:
+            raise InputError(f"program output '{name}' is not an output of {spec.model}")
+        outputs.append(tol.compare(name, y, ref[name], top1=is_logits(name, y.shape, vocab)))
+    prof = sim.profile
+    top1 = [o.top1 for o in outputs if o.top1 is not None]
+    problem = numeric_message(prof.get("numeric") or {})
+    metrics = {
+        "cycles": prof["cycles"],
+        "latency_us": prof["latency_us"],
+        "peak_memory_bytes": prof["memory"]["peak_bytes"],
+        "mcpb_bytes": mcpb_bytes,
+        "weight_bytes": len(result.program.constants),
+        "instructions": prof["instructions"],
+        "macs": prof["macs"],
+        "dram_bytes": prof["dram_read_bytes"] + prof["dram_write_bytes"],
+        "min_cosine": min((o.cosine for o in outputs), default=None),
+        "max_norm_err": max((o.norm_max_err for o in outputs), default=None),
+        "min_top1": min(top1) if top1 else None,
+        "check_passed": bool(outputs) and all(o.passed for o in outputs) and not problem,
+        "compile_s": compile_s,
+        "sim_s": sim_s,
+    }
+    build = {k: v for k, v in result.report.items() if k not in ("pass_times", "output", "mcpc_version")}
+    return {
+        "metrics": metrics,
+        "memory": prof["memory"]["bytes_per_kind"],
+        "tolerances": {k: v for k, v in asdict(tol).items() if v is not None},
+        "outputs": [
+            {
+                "name": o.name,
+                "cosine": o.cosine,
+                "norm_max_err": o.norm_max_err,
+                "top1": o.top1,
+                "passed": o.passed,
+                "reasons": o.reasons,
+            }
+            for o in outputs
+        ],
+        "numeric": problem or None,
+        "build": build,
+    }
+
+
+def _inputs(spec: BuildSpec, loaded, random_inputs) -> dict:
+    if spec.inputs == "random":
+        return random_inputs(loaded, "main", spec.seed)
+    from mcpc.fileio import read_npz
+
+    return read_npz(Path(spec.inputs))
+
+
+def _as_model_dtypes(model_path: str, inputs: dict) -> dict:
+    """The simulator's inputs in the dtypes the ONNX graph declares (an f16 binding drawn at random
+    widens exactly to the model's float32; integer ids to its int64)."""
+    import numpy as np
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(model_path, load_external_data=False)
+    out = dict(inputs)
+    for vi in model.graph.input:
+        if vi.name in out:
+            dtype = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+            out[vi.name] = np.asarray(out[vi.name]).astype(dtype)
+    return out
