@@ -62,6 +62,20 @@ for signal, ``known`` only grows, and a load that pops an intra-kernel release t
 the earlier kernels have ended (an ST release: all of them; an EX release: those ending in a
 compute), so the boundary tokens interleave with the intra-kernel ones in FIFO order; every
 token pushed is popped.
+
+Early compute (``early_compute=True``, with prefetch: intermediates kept in SRAM,
+``backend/residency.py``).  No kernel is a barrier.  A step whose loads became on-chip copies
+keeps its input-slot rank (``Step.slot_in``: its slot is filled on EX, so only a later step that
+loads into it needs a release token), and likewise for left-out stores (``Step.slot_out``: a
+group's computes wait ST only when the step g - out_slots really stored).  A kernel's SRAM is a
+list of intervals; conflicts between two kernels count only where one of them touches the
+bytes with a load or store (EX against EX is ordered by the in-order EX queue).  A kernel whose
+first step has no loads has its first compute wait (ST -> EX) for the latest pending kernel
+ending in a store that conflicts with it (``ex_need``; ``ex_known`` tracks what EX has learnt,
+also from intra-kernel ST releases, keeping the ST -> EX tokens in FIFO order).  The end of a
+kernel ending in a compute implies only the kernels EX knew to have ended (``_End.implies``):
+a load waiting for such an end also waits for the latest conflicting store end it does not
+cover, and ``ex_floor`` records which compute ends the load queue has learnt of.
 """
 
 from __future__ import annotations
