@@ -75,11 +75,66 @@ def render_instructions() -> str:
     return "\n".join(parts)
 
 
+QBEGIN, QEND = "<!-- generated:quantized-costs -->\n", "<!-- /generated:quantized-costs -->"
+_QBLOCK = re.compile(re.escape(QBEGIN) + r".*?" + re.escape(QEND), re.S)
+TARGET_NAMES = ("mcp2026-a100", "mcp2026-a10", "mcp2026-edge")
+
+
+def render_quantized_costs() -> str:
+    """The cost of one tile of each quantized matmul against the fp16 ``matmul``, on each shipped
+    target: a decode-shaped tile (1 x 512 x 512: weight streaming) and a prefill-shaped one (128 x
+    512 x 512), K = 512 in groups of 32.  Busy and latency cycles from the simulator's cost functions;
+    B bytes are what the array ingests; DRAM bytes are what the kernel's loads of that tile bring
+    (weights or codes, scales; the A tile and C are the same for all and left out)."""
+    from mcpc.arch.isa import Instr  # lazy: the doc generator stays importable without the simulator
+    from mcpc.arch.target import load_target
+    from mcpc.sim.timing import instr_cost
+
+    k = n = 512
+    variants = [  # (mnemonic, extra fields, B bytes, DRAM bytes of B + its scales)
+        ("matmul", {"in_dtype": "f16"}, k * n * 2, k * n * 2),
+        ("matmul_w4a16", {"in_dtype": "f16", "w_dtype": "i4", "s_dtype": "f16"}, k * n // 2,
+         k * n // 2 + (k // 32) * n * 2),
+        ("matmul_w4a16", {"in_dtype": "f16", "w_dtype": "i8", "s_dtype": "f16"}, k * n, k * n + n * 2),
+        ("matmul_i8", {"in_dtype": "f16", "q_dtype": "i8", "w_dtype": "i8"}, k * n, k * n + n * 4),
+        ("vmmul.q4f8", {"in_dtype": "f16", "q_dtype": "i4", "w_dtype": "f8e4m3fn"}, k * n, k * n + n * 4),
+    ]  # fmt: skip
+    lines = [
+        "| target | instruction (weights) | m | busy cycles | + latency | B bytes ingested "
+        "| DRAM bytes (B + scales) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in TARGET_NAMES:
+        t = load_target(name)
+        for m in (1, 128):
+            for mnem, extra, b_bytes, dram in variants:
+                f = {
+                    "a": 0,
+                    "b": 0,
+                    "c": 0,
+                    "m": m,
+                    "n": n,
+                    "k": k,
+                    "a_stride": k,
+                    "b_stride": n,
+                    "c_stride": n,
+                }
+                c = instr_cost(Instr(mnem, {**f, **extra}), t)
+                w = extra.get("w_dtype", extra["in_dtype"])
+                lines.append(
+                    f"| {name} | `{mnem}` ({w}) | {m} | {c.busy:,} | {c.tail} | {b_bytes:,} | {dram:,} |"
+                )
+    return "\n".join(lines) + "\n"
+
+
 def regenerate(text: str) -> str:
-    """``text`` (docs/isa.md) with its generated block replaced by the current specs."""
+    """``text`` (docs/isa.md) with its generated blocks replaced by the current specs and costs."""
     if not _BLOCK.search(text):
         raise ValueError(f"docs/isa.md has no {BEGIN.strip()} ... {END} block")
-    return _BLOCK.sub(lambda m: BEGIN + render_instructions() + END, text)
+    text = _BLOCK.sub(lambda m: BEGIN + render_instructions() + END, text)
+    if _QBLOCK.search(text):
+        text = _QBLOCK.sub(lambda m: QBEGIN + render_quantized_costs() + QEND, text)
+    return text
 
 
 def main(argv: list[str]) -> int:

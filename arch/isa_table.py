@@ -152,6 +152,9 @@ FIELD_DOCS: dict[str, str] = {
     "zp_ptr": "SRAM byte address of the zero points (0 = none)",
     "scale_ptr": "SRAM byte address of the per-group weight scales (0 = none)",
     "group_size": "elements of K sharing one scale (0 = one scale per tensor)",
+    "w_dtype": "dtype of the weight codes (i4/u4 packed two per byte, i8, u8)",
+    "s_dtype": "dtype of the weight scales (f16, bf16 or f32)",
+    "q_dtype": "dtype A is quantized to on the fly (i4 for vmmul.q4f8; i8 or u8 for matmul_i8)",
 }
 
 
@@ -288,6 +291,52 @@ def _access_matmul(f: Mapping[str, Any]) -> list[Access]:
     if f["acc"]:
         out.append(_sram(f["c"], f["m"], f["n"], f["c_stride"], 4))
     return [*out, _sram(f["c"], f["m"], f["n"], f["c_stride"], 4, True)]
+
+
+_QA_FIELDS = (
+    "a u32, b u32, c u32, m u16, n u16, k u16, a_stride u20, b_stride u20, c_stride u20, in_dtype dtype, "
+    "q_dtype dtype, w_dtype dtype, acc u1, trans_b u1, m_reg u4"
+)
+_QA_SEMANTICS = (
+    "A (m x k, `in_dtype` f16/bf16/f32) is quantized on the fly to `q_dtype` with the QParam group's "
+    "`scale_a` and zero point (`numerics.quantize`; the one `q_dtype` code at `zp_ptr`, 0 when `zp_ptr` "
+    "= 0); B holds the weight codes (k x n, n x k when `trans_b`, `w_dtype`, zero point 0). The tile "
+    "product P[i][j] = Σ_p (qa[i][p] − za) · B[p][j] is exact (every such sum below 2^20 terms is an "
+    "f64), rounded once to f32 and multiplied in f32 by the column's fused scale s_j / `scale_o`, s_j "
+    "the f32 at `scale_ptr + 4j` (or `scale_w` when `scale_ptr` = 0): the compiler's scale fusion "
+    "folds scale_a × scale_w (÷ scale_o) into s_j. C (f32) = [C +] that (`numerics.matmul_qa_tile`). "
+    "Costed at the slower MAC rate of `q_dtype` and `w_dtype`; the array ingests the codes' bytes."
+)
+
+
+def _access_matmul_w4a16(f: Mapping[str, Any]) -> list[Access]:
+    # the scale and zero-point tiles are read through the QParam pointers (known at run time)
+    sa, sw = _size(f["in_dtype"]), _size(f["w_dtype"])
+    bk, bn = (f["n"], f["k"]) if f["trans_b"] else (f["k"], f["n"])
+    out = [*_regs(f, "m_reg"), ("qparam", 0, 1, 1, 0, 1, False, 0)]
+    out += [_sram(f["a"], f["m"], f["k"], f["a_stride"], sa), _sram(f["b"], bk, bn, f["b_stride"], sw)]
+    if f["acc"]:
+        out.append(_sram(f["c"], f["m"], f["n"], f["c_stride"], 4))
+    return [*out, _sram(f["c"], f["m"], f["n"], f["c_stride"], 4, True)]
+
+
+def _access_qa(f: Mapping[str, Any]) -> list[Access]:
+    # the activation zero point and per-column scales are read through the QParam pointers
+    sa, sw = _size(f["in_dtype"]), _size(f["w_dtype"])
+    bk, bn = (f["n"], f["k"]) if f["trans_b"] else (f["k"], f["n"])
+    out = [*_regs(f, "m_reg"), ("qparam", 0, 1, 1, 0, 1, False, 0)]
+    out += [_sram(f["a"], f["m"], f["k"], f["a_stride"], sa), _sram(f["b"], bk, bn, f["b_stride"], sw)]
+    if f["acc"]:
+        out.append(_sram(f["c"], f["m"], f["n"], f["c_stride"], 4))
+    return [*out, _sram(f["c"], f["m"], f["n"], f["c_stride"], 4, True)]
+
+
+def _access_vdequant(f: Mapping[str, Any]) -> list[Access]:
+    # scales and zero points are read through the QParam pointers (known at run time)
+    rows, cols = f["rows"], f["cols"]
+    src = _sram(f["src"], rows, cols, f["src_stride"], _size(f["in_dtype"]))
+    dst = _sram(f["dst"], rows, cols, f["dst_stride"], _size(f["out_dtype"]), True)
+    return [*_regs(f, "rows_reg"), ("qparam", 0, 1, 1, 0, 1, False, 0), src, dst]
 
 
 def _access_elementwise(f: Mapping[str, Any], srcs: tuple[tuple[str, str, str], ...]) -> list[Access]:
@@ -453,18 +502,31 @@ _SPECS: list[InstrSpec] = [
           execute="compile_transpose", cost="vector_cost", access=_access_transpose,
           semantics="dst[c][r] = src[r][c] for r < rows, c < cols; elements are moved as raw "
           "`elem_bytes`-byte values."),
-    _reserved("qmatmul", 14, "Reserved: quantized MACs (int4/int8/fp8) scaled by the QParam group.",
-              semantics="Quantized MACs: int4/int8 activations or weights, fp8 e4m3 weights, scaled by the "
-              "QParam group that `setq` sets (W4A16 with group-32 fp16 scales; int4 × fp8 with "
-              "scale_a/scale_w/scale_o)."),
+    _spec("matmul_w4a16", 14, EX,
+          "a u32, b u32, c u32, m u16, n u16, k u16, a_stride u20, b_stride u20, c_stride u20, "
+          "in_dtype dtype, w_dtype dtype, s_dtype dtype, acc u1, trans_b u1, m_reg u4",
+          "C (f32) = [C +] A · dequantize(B): B holds weight codes, scaled per group of K by the "
+          "QParam group's scales and zero points.",
+          execute="compile_matmul_w4a16", cost="matmul_w4a16_cost", access=_access_matmul_w4a16,
+          extent=("m", "m_reg"),
+          twin="numerics.matmul_wq_tile (mcp.matmul_w4a16, via numerics.matmul_2d)",
+          semantics="A (m x k, `in_dtype`: f16, bf16 or f32) as for `matmul`; B holds the codes (k x n, "
+          "or n x k when `trans_b`) of `w_dtype` (i4/u4 packed two per byte, low nibble first as ONNX "
+          "packs int4, or i8/u8), row stride `b_stride` elements. The QParam group set by `setq` gives "
+          "G = `group_size` (0: one group spanning K), the scales at `scale_ptr` (`s_dtype`) and the "
+          "zero points at `zp_ptr` (`w_dtype`; `zp_ptr` = 0: none), each a dense row-major tile of "
+          "ceil(k/G) x n entries (n x ceil(k/G) when `trans_b`), a packed row starting on a byte. The "
+          "weight W[p][j] = (B[p][j] − zp) · scale of its group, in f32, rounded once to `in_dtype` "
+          "(`numerics.dequantize_weight`); then C = A·W as `matmul` (`numerics.matmul_wq_tile`). The "
+          "codes are what cross the DMA and enter the array (ingestion counts their packed bytes plus "
+          "the scales and zero points). A scale or zero-point tile outside SRAM traps."),
     _spec("setq", 15, EX,
           "scale_a f32, scale_w f32, scale_o f32, zp_ptr u32, scale_ptr u32, group_size u16",
           "Sets the QParam register group read by the quantized matmuls.",
           execute="compile_setq", cost="scalar_cost", access=_access_setq,
           semantics="Sets all six QParam registers at once (a later `setq` replaces the whole group). "
-          "Nothing in ISA v2 reads them yet: the quantized matmuls that do (`qmatmul`, still reserved) "
-          "come with quantization; the group and its pointers are defined now so that their encoding "
-          "is fixed. The pointers are stored, not dereferenced, so `setq` touches no memory."),
+          "`matmul_w4a16` reads `scale_ptr`, `zp_ptr` and `group_size`. The pointers are stored, not "
+          "dereferenced, so `setq` touches no memory: the instruction that reads through them does."),
     _reserved("kvcomp", 16, "Reserved: KV-cache compression (INT8 asymmetric, block-sparse top-k).",
               semantics="INT8 asymmetric and block-sparse top-k KV compression, delta-coded indices, "
               "CRC-8 per block."),
@@ -489,6 +551,31 @@ _SPECS: list[InstrSpec] = [
           "idx[r][0..k), as ONNX TopK (sorted=1): equal values keep ascending index order; NaN counts "
           "as larger than +inf. `topk_k` > `cols` traps. A separate instruction rather than a `vred` "
           "function because it writes two operands of k values per row."),
+    _spec("vdequant", 21, EX,
+          "in_dtype dtype, out_dtype dtype, s_dtype dtype, dst u32, src u32, rows u20, cols u20, "
+          "dst_stride u20, src_stride u20, rows_reg u4",
+          "Dequantizes rows of codes: dst = (src − zero point) · scale, one scale per group of columns.",
+          execute="compile_vdequant", cost="vector_cost", access=_access_vdequant,
+          extent=("rows", "rows_reg"), twin="numerics.dequantize_weight (mcp.dequantize blocked along "
+          "its last axis, e.g. the gathered rows of a quantized embedding table)",
+          semantics="src holds codes of `in_dtype` (i4/u4 packed two per byte, i8, u8); the QParam group "
+          "gives G = `group_size` (0: one group per row), the scales at `scale_ptr` (`s_dtype`) and the "
+          "zero points at `zp_ptr` (`in_dtype`; 0: none), each a dense row-major tile of rows x "
+          "ceil(cols/G) entries (a packed row starting on a byte). dst[r][c] = (src[r][c] − zp[r][c/G]) · "
+          "scale[r][c/G] in f32, rounded once to `out_dtype` (`numerics.dequantize_weight`, as "
+          "`mcp.dequantize`). For dequantized data that feeds no matmul: a gathered embedding row."),
+    _spec("vmmul.q4f8", 22, EX, _QA_FIELDS,
+          "C (f32) = [C +] int4(A) · B (fp8 e4m3fn codes), scaled by the fused QParam scale.",
+          execute="compile_qa", cost="qa_cost", access=_access_qa, extent=("m", "m_reg"),
+          twin="numerics.matmul_qa_tile (mcp.matmul_qa with i4 activations and f8e4m3fn codes)",
+          semantics=_QA_SEMANTICS + " vmmul.q4f8 requires `q_dtype` i4 and `w_dtype` f8e4m3fn (its "
+          "codes are e4m3fn values, saturated to ±448 when the compiler quantizes them)."),
+    _spec("matmul_i8", 23, EX, _QA_FIELDS,
+          "C (f32) = [C +] int8(A) · B (int8 or int4 codes), int32-exact, scaled by the fused QParam scale.",
+          execute="compile_qa", cost="qa_cost", access=_access_qa, extent=("m", "m_reg"),
+          twin="numerics.matmul_qa_tile (mcp.matmul_qa with i8/u8 activations and i8/i4 codes)",
+          semantics=_QA_SEMANTICS + " matmul_i8 requires `q_dtype` i8 or u8 and `w_dtype` i8 or i4 "
+          "(packed): the int8 layers and imported int8 QDQ models (ONNX Runtime quantize_static)."),
 ]  # fmt: skip
 
 ISA: dict[str, InstrSpec] = {s.mnemonic: s for s in _SPECS}

@@ -385,3 +385,78 @@ def dequantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, out: st
     d = widen(x) - widen(zero_point)
     with np.errstate(all="ignore"):
         return cast(np.multiply(d.astype(F32), widen(scale).astype(F32), dtype=F32), out)
+
+
+# -- weight-quantized matmul (matmul_w4a16) -------------------------------------------------------
+def dequantize_weight(codes: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, group: int,
+                      trans_b: bool, out: str) -> np.ndarray:  # fmt: skip
+    """The weight ``(codes - zero_point) · scale`` rounded once to ``out`` (``dequantize``).
+
+    ``codes`` is (k, n), or (n, k) when ``trans_b``; ``scale`` and ``zero_point`` hold one entry
+    per group of ``group`` consecutive elements along K (``group`` 0: one group spanning K), i.e.
+    shape (ceil(k/group), n), or (n, ceil(k/group)) when ``trans_b``; ``zero_point`` None means 0.
+    """
+    axis = 1 if trans_b else 0
+    k = codes.shape[axis]
+    g = group or max(k, 1)
+    s = expand_qparam(scale, codes.shape, axis, g)
+    z = np.zeros((), codes.dtype) if zero_point is None else expand_qparam(zero_point, codes.shape, axis, g)
+    return dequantize(codes, s, z, out)
+
+
+def matmul_wq_tile(a: np.ndarray, codes: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None,
+                   group: int, trans_b: bool, a_dtype: str) -> np.ndarray:  # fmt: skip
+    """f32 product of an activation tile ``a`` (m, k) of dtype ``a_dtype`` and a quantized weight
+    tile (``dequantize_weight``): the weights are dequantized to ``a_dtype`` (the MAC array's input
+    type), then multiplied as ``matmul_tile``.  Dequantizing is elementwise, so a tile of the
+    dequantized weight is the dequantized tile: the tiled product equals ``matmul_2d`` of ``a`` and
+    the whole dequantized weight, bit for bit."""
+    w = dequantize_weight(codes, scale, zero_point, group, trans_b, a_dtype)
+    return matmul_tile(a, w.T if trans_b else w)
+
+
+# -- quantized-activation matmul (vmmul.q4f8, matmul_i8) ------------------------------------------
+def fused_scale(scale_a, scale_w, scale_o=1.0) -> np.ndarray:
+    """The one f32 scale a quantized-activation product is multiplied by: f32(f32(scale_a · scale_w)
+    / scale_o) — what the scale-fusion pass folds into a single constant."""
+    with np.errstate(all="ignore"):
+        sw = np.asarray(scale_w, np.float32)
+        return np.divide(np.multiply(np.float32(scale_a), sw, dtype=F32), np.float32(scale_o), dtype=F32)
+
+
+def matmul_qa_tile(
+    a: np.ndarray, codes: np.ndarray, scale_a, zp_a, q_dtype: str, scale: np.ndarray
+) -> np.ndarray:
+    """f32 tile of a quantized-activation matmul: ``a`` (m, k, float) quantized on the fly to
+    ``q_dtype`` (``quantize`` with ``scale_a`` and ``zp_a``), times the weight codes (k, n: int4,
+    int8 or fp8 e4m3fn values), the products summed exactly (every product of a 4/8-bit integer
+    and an 8-bit code is exact in f64, and so is a sum of fewer than 2^20 of them), rounded once to
+    f32 and multiplied in f32 by ``scale`` (``fused_scale``; one per column, shape (n,), or one)."""
+    qa = quantize(a, np.float32(scale_a), np.asarray(zp_a), q_dtype)
+    da = qa.astype(np.float64) - float(np.asarray(zp_a).astype(np.float64))
+    p = np.matmul(np.ascontiguousarray(da), np.ascontiguousarray(codes.astype(np.float64)))
+    with np.errstate(all="ignore"):
+        return np.multiply(p.astype(np.float32), np.asarray(scale, np.float32), dtype=F32)
+
+
+def matmul_qa_2d(a: np.ndarray, codes: np.ndarray, scale_a, zp_a, q_dtype: str, scale: np.ndarray,
+                 tile: tuple[int, int, int] | None = None) -> np.ndarray:  # fmt: skip
+    """``matmul_2d``'s tile order with ``matmul_qa_tile`` products: f32 accumulation of the K
+    tiles, ascending; ``scale`` has one entry per column (or one)."""
+    m, k = a.shape
+    n = codes.shape[1]
+    tm, tn, tk = tile or (0, 0, 0)
+    tm, tn, tk = tm or m or 1, tn or n or 1, tk or k or 1
+    s = np.broadcast_to(np.asarray(scale, np.float32).reshape(-1), (n,))
+    acc = np.zeros((m, n), dtype=np.float32)
+    for i0 in range(0, m, tm):
+        for j0 in range(0, n, tn):
+            c = acc[i0 : i0 + tm, j0 : j0 + tn]
+            for k0 in range(0, k, tk):
+                part = matmul_qa_tile(a[i0 : i0 + tm, k0 : k0 + tk], codes[k0 : k0 + tk, j0 : j0 + tn],
+                                      scale_a, zp_a, q_dtype, s[j0 : j0 + tn])  # fmt: skip
+                if k0 == 0:
+                    c[...] = part
+                else:
+                    c += part
+    return acc

@@ -147,6 +147,41 @@ def register_values(instrs: Sequence[Instr], initial: Sequence[int | None] | Non
     return out
 
 
+def _nbytes(dtype: str, count: int) -> int:
+    return -(-count // 2) if dtype in ("i4", "u4") else count * {"f32": 4, "f16": 2, "bf16": 2}.get(dtype, 1)
+
+
+def qparam_reads(instrs: Sequence[Instr]) -> dict[int, list[tuple[str, int, int, bool]]]:
+    """The SRAM the quantized instructions read through the QParam pointers (scale and zero-point
+    tiles), resolved with the group the last ``setq`` before each one set: footprints their specs
+    cannot state (the pointers are run-time state), by instruction index."""
+    group: dict = {"scale_ptr": 0, "zp_ptr": 0, "group_size": 0}
+    out: dict[int, list[tuple[str, int, int, bool]]] = {}
+    for i, instr in enumerate(instrs):
+        f = instr.fields
+        if instr.op == "setq":
+            group = f
+            continue
+        g, sp, zp = group["group_size"], group["scale_ptr"], group["zp_ptr"]
+        if instr.op in ("matmul_w4a16", "vdequant"):
+            rows, cols = (f["n"], f["k"]) if instr.op == "matmul_w4a16" else (f["rows"], f["cols"])
+            k = f["k"] if instr.op == "matmul_w4a16" else f["cols"]
+            groups = -(-k // g) if g else 1
+            shape = (rows, groups) if instr.op == "vdequant" or f["trans_b"] else (groups, rows)
+            codes = f["w_dtype"] if instr.op == "matmul_w4a16" else f["in_dtype"]
+            reads = [("sram", sp, sp + shape[0] * _nbytes(f["s_dtype"], shape[1]), False)]
+            if zp:
+                reads.append(("sram", zp, zp + shape[0] * _nbytes(codes, shape[1]), False))
+        elif instr.op in ("vmmul.q4f8", "matmul_i8"):
+            reads = [("sram", sp, sp + 4 * f["n"], False)] if sp else []
+            if zp:
+                reads.append(("sram", zp, zp + 1, False))
+        else:
+            continue
+        out[i] = reads
+    return out
+
+
 def check_hazards(
     instrs: Sequence[Instr],
     extra: dict[int, list] | None = None,
@@ -164,8 +199,9 @@ def check_hazards(
     register-offset DRAM address is resolved with the register's value in the sequential stream
     (``register_values``; ``regs`` gives the values at entry, None = unknown, default all 0).
     An access offset by a register whose value is unknown there covers its region of ``regions``
-    (see ``footprint``), else all of DRAM.  ``extra`` adds footprints by instruction index (tests).
-    O(n^2) worst case: tests only.
+    (see ``footprint``), else all of DRAM.  ``extra`` adds footprints by instruction index (tests);
+    the scale and zero-point tiles the quantized instructions read through the QParam pointers are
+    added (``qparam_reads``).  O(n^2) worst case: tests only.
     """
     clocks = replay_tokens(instrs)
     pos = [0] * len(instrs)
@@ -175,8 +211,10 @@ def check_hazards(
         pos[i] = counts[instr.engine]
     rows: list[tuple[int, int, int, int, bool]] = []  # (instr, memory, lo, hi, write)
     values = register_values(instrs, regs)
+    indirect = qparam_reads(instrs)
     for i, instr in enumerate(instrs):
-        for mem, lo, hi, w in footprint(instr, values[i], regions) + list((extra or {}).get(i, [])):
+        added = list((extra or {}).get(i, [])) + indirect.get(i, [])
+        for mem, lo, hi, w in footprint(instr, values[i], regions) + added:
             if hi > lo:
                 rows.append((i, MEMORIES.index(mem), lo, hi, w))
     if not rows:

@@ -356,9 +356,13 @@ def lower_gather(op, ctx: LoweringContext) -> list[Kernel]:
     dp, dt = ctx.dram(data)
     ip, it = ctx.dram(idx)
     out, ot = ctx.dram(op.result)
-    esz = elem_bytes(dt, op)
     axis = op.attrs["axis"] % dt.rank
     pre, n, post = math.prod(dt.shape[:axis]), dt.shape[axis], math.prod(dt.shape[axis + 1 :])
+    if dt.dtype.packed and post % 2 == 0:  # 4-bit rows of whole bytes: gathered as bytes
+        esz = 1
+        post //= 2
+    else:
+        esz = elem_bytes(dt, op)
     count = it.numel
     if ot.numel == 0:
         return []

@@ -33,6 +33,7 @@ LOWERINGS: dict[type, Lowering] = {}
 # exist yet is skipped so the backend helpers can land independently.
 LOWERING_MODULES: tuple[str, ...] = (
     "mcpc.backend.lower_matmul",
+    "mcpc.backend.lower_qmatmul",
     "mcpc.backend.lower_vector",
     "mcpc.backend.lower_shape",
     "mcpc.backend.lower_nn",

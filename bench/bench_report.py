@@ -211,7 +211,8 @@ def render_markdown(doc: dict) -> str:
             "",
             f"All {q['layers']} MatMul weights ({q['weights']:,} parameters), int4, groups of 32 along K;",
             "wall time of the algorithm alone over every weight (best of `runs`, one warm-up excluded",
-            "when a run is under 2 s), against ONNX Runtime's `MatMulNBitsQuantizer.process()` on the",
+            "when a run is under 2 s; `CPU ms`: the process's CPU time in that run, all threads),",
+            "against ONNX Runtime's `MatMulNBitsQuantizer.process()` on the",
             f"same model (same symmetry).  AWQ and GPTQ read input statistics of {q['calibration_tokens']:,}",
             f"calibration tokens, gathered once in {q['calibration_s']:.1f} s (not in their rows).",
             "`output err` = calibration output error trace(ΔWᵀHΔW) summed over the layers, relative",
@@ -226,9 +227,10 @@ def render_markdown(doc: dict) -> str:
 
 def quant_table(q: dict) -> list[str]:
     """The weight quantization speed table as markdown lines."""
-    header = ["algorithm", "spec", "runs", "time ms", "vs ORT", "bits/weight", "output err", "cosine"]
+    header = ["algorithm", "spec", "runs", "time ms", "CPU ms", "vs ORT", "bits/weight", "output err"]
+    header += ["cosine"]
     rows = [
-        [r["algorithm"], r["spec"], r["runs"], _ms(r["seconds"])]
+        [r["algorithm"], r["spec"], r["runs"], _ms(r["seconds"]), _ms(r["cpu_seconds"])]
         + (["peer", "-", "-"] if r["peer"] else [f"{r['over_ort']:.2f}×", f"{r['bits_per_weight']:.3f}"])
         + ([] if r["peer"] else [f"{r['output_error_vs_rtn']:.3f}"])
         + [f"{r['cosine']:.5f}"]

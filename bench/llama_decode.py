@@ -9,6 +9,9 @@
 of one KV head as the rows of one product (no K/V repeat), Softmax, output projection, residual,
 RMSNorm, SwiGLU MLP (SiLU(gate) · up, down), residual; a final RMSNorm and an untied lm head.
 Weights are random (std 1/√fan_in) in ``dtype``; no mask (one new token sees every past position).
+With ``weight_bits = 4`` (a W4A16 checkpoint) every MatMul weight and the embedding table are int4
+codes with ``dtype`` scales per block of ``group`` along K (along hidden for the table) behind an
+opset-21 DequantizeLinear, as an int4 export writes them.
 
 ``roofline_bytes(cfg, past)`` is what the step must move at least: every weight it reads (all
 projections, norms, the lm head, one embedding row and one cos/sin row) plus the past K/V it
@@ -47,9 +50,19 @@ class LlamaConfig:
     vocab: int = 49152
     max_pos: int = 2048
     dtype: str = "f16"
+    weight_bits: int = 0  # 4: every MatMul weight int4 (opset-21 blocked DequantizeLinear), 0: dtype
+    group: int = 32  # block size of the int4 weights along K (symmetric round-to-nearest)
 
 
 SMOLLM2_135M = LlamaConfig()
+
+
+def _int4_tensor(name: str, codes: np.ndarray) -> onnx.TensorProto:
+    """An INT4 initializer from int8 codes in [-8, 7]: packed two per byte, low nibble first."""
+    from mcpc.arch.dtypes import pack_nibbles
+
+    raw = pack_nibbles(codes.reshape(-1).astype(np.int8)).tobytes()
+    return helper.make_tensor(name, TensorProto.INT4, codes.shape, raw, raw=True)
 
 
 def llama_decode_step(cfg: LlamaConfig = SMOLLM2_135M, seed: int = 0) -> onnx.ModelProto:
@@ -67,6 +80,23 @@ def llama_decode_step(cfg: LlamaConfig = SMOLLM2_135M, seed: int = 0) -> onnx.Mo
     def weight(name: str, shape, std: float | None = None, mean: float = 0.0) -> str:
         std = 1.0 / math.sqrt(shape[0]) if std is None else std
         return const(name, (mean + std * rng.standard_normal(shape, dtype=np.float32)).astype(np_dt))
+
+    def linear_weight(name: str, shape) -> str:
+        """A MatMul weight [K, N]: ``weight``, or with ``weight_bits`` 4 its int4 codes blocked along
+        K (symmetric RTN, ``dtype`` scales) behind a DequantizeLinear — a W4A16 checkpoint's form."""
+        if not cfg.weight_bits:
+            return weight(name, shape)
+        w = (rng.standard_normal(shape, dtype=np.float32) / math.sqrt(shape[0])).reshape(
+            -1, cfg.group, shape[1]
+        )
+        scale = (np.abs(w).max(axis=1) / 7).astype(np_dt)
+        codes = (
+            np.clip(np.rint(w / scale.astype(np.float32)[:, None, :]), -8, 7).astype(np.int8).reshape(shape)
+        )
+        inits.append(_int4_tensor(f"{name}.codes", codes))
+        const(f"{name}.scale", scale)
+        return op("DequantizeLinear", [f"{name}.codes", f"{name}.scale"], name=f"{name}.dequant", axis=0,
+                  block_size=cfg.group)  # fmt: skip
 
     def op(op_type: str, inputs, name: str | None = None, n_out: int = 1, outputs=None, **attrs):
         count[0] += 1
@@ -109,7 +139,17 @@ def llama_decode_step(cfg: LlamaConfig = SMOLLM2_135M, seed: int = 0) -> onnx.Mo
         shape = head_shapes[n]
         return op("Transpose", [op("Reshape", [x, shape])], perm=[0, 2, 1, 3])
 
-    x = op("Gather", [weight("embed.weight", (cfg.vocab, h), std=1.0), "input_ids"], axis=0)
+    if cfg.weight_bits:  # the table int4 along its rows, scales per block of hidden: one row gathered
+        table = (rng.standard_normal((cfg.vocab, h), dtype=np.float32)).reshape(cfg.vocab, -1, cfg.group)
+        tscale = (np.abs(table).max(axis=2) / 7).astype(np_dt)
+        tcodes = np.clip(np.rint(table / tscale.astype(np.float32)[:, :, None]), -8, 7).astype(np.int8)
+        inits.append(_int4_tensor("embed.codes", tcodes.reshape(cfg.vocab, h)))
+        const("embed.scale", tscale)
+        embed = op("DequantizeLinear", ["embed.codes", "embed.scale"], name="embed.dequant", axis=1,
+                   block_size=cfg.group)  # fmt: skip
+    else:
+        embed = weight("embed.weight", (cfg.vocab, h), std=1.0)
+    x = op("Gather", [embed, "input_ids"], axis=0)
     scale = scalar("attn_scale", 1.0 / math.sqrt(hd))
     q_group_shape = i64("q_group_shape", [1, nkv, group, hd])
     merge_shape = i64("merge_shape", [1, 1, h])
@@ -121,9 +161,9 @@ def llama_decode_step(cfg: LlamaConfig = SMOLLM2_135M, seed: int = 0) -> onnx.Mo
     for li in range(cfg.layers):
         p = f"layers.{li}"
         hn = rms_norm(x, f"{p}.input_norm")
-        q = rope(heads(op("MatMul", [hn, weight(f"{p}.q_proj", (h, cfg.heads * hd))]), cfg.heads))
-        k = rope(heads(op("MatMul", [hn, weight(f"{p}.k_proj", (h, nkv * hd))]), nkv))
-        v = heads(op("MatMul", [hn, weight(f"{p}.v_proj", (h, nkv * hd))]), nkv)
+        q = rope(heads(op("MatMul", [hn, linear_weight(f"{p}.q_proj", (h, cfg.heads * hd))]), cfg.heads))
+        k = rope(heads(op("MatMul", [hn, linear_weight(f"{p}.k_proj", (h, nkv * hd))]), nkv))
+        v = heads(op("MatMul", [hn, linear_weight(f"{p}.v_proj", (h, nkv * hd))]), nkv)
         for kind, new in (("key", k), ("value", v)):
             past, present = f"past_{kind}_{li}", f"present_{kind}_{li}"
             inputs.append(helper.make_tensor_value_info(past, onnx_dt, [1, nkv, "past", hd]))
@@ -134,17 +174,19 @@ def llama_decode_step(cfg: LlamaConfig = SMOLLM2_135M, seed: int = 0) -> onnx.Mo
         kt = op("Transpose", [f"present_key_{li}"], perm=[0, 1, 3, 2])
         probs = op("Softmax", [op("Mul", [op("MatMul", [qg, kt]), scale])], axis=-1)
         ctx = op("Reshape", [op("MatMul", [probs, f"present_value_{li}"]), merge_shape])
-        x = op("Add", [x, op("MatMul", [ctx, weight(f"{p}.o_proj", (h, h))])], name=f"{p}.attn_residual")
+        x = op(
+            "Add", [x, op("MatMul", [ctx, linear_weight(f"{p}.o_proj", (h, h))])], name=f"{p}.attn_residual"
+        )
         hn = rms_norm(x, f"{p}.post_attention_norm")
-        gate = op("MatMul", [hn, weight(f"{p}.gate_proj", (h, cfg.ffn))])
-        up = op("MatMul", [hn, weight(f"{p}.up_proj", (h, cfg.ffn))])
+        gate = op("MatMul", [hn, linear_weight(f"{p}.gate_proj", (h, cfg.ffn))])
+        up = op("MatMul", [hn, linear_weight(f"{p}.up_proj", (h, cfg.ffn))])
         act = op("Mul", [op("Mul", [gate, op("Sigmoid", [gate])]), up])
-        down = op("MatMul", [act, weight(f"{p}.down_proj", (cfg.ffn, h))])
+        down = op("MatMul", [act, linear_weight(f"{p}.down_proj", (cfg.ffn, h))])
         x = op("Add", [x, down], name=f"{p}.mlp_residual")
     x = rms_norm(x, "norm")
-    op("MatMul", [x, weight("lm_head", (h, cfg.vocab))], name="lm_head", outputs=["logits"])
+    op("MatMul", [x, linear_weight("lm_head", (h, cfg.vocab))], name="lm_head", outputs=["logits"])
     graph = helper.make_graph(nodes, "llama_decode_step", inputs, outputs, inits)
-    opsets = [helper.make_opsetid("", 18)]
+    opsets = [helper.make_opsetid("", 21 if cfg.weight_bits else 18)]  # int4 and blocked: opset 21
     model = helper.make_model(graph, opset_imports=opsets, producer_name="mcpc.bench")
     model.ir_version = helper.find_min_ir_version_for(opsets)
     return model
@@ -211,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", default="mcp2026-a100")
     ap.add_argument("--past", type=int, default=256)
     ap.add_argument("--layers", type=int, default=SMOLLM2_135M.layers)
+    ap.add_argument("--weight-bits", type=int, choices=(0, 4), default=0, help="4: int4 weights (W4A16)")
     args = ap.parse_args(argv)
-    cfg = LlamaConfig(layers=args.layers)
+    cfg = LlamaConfig(layers=args.layers, weight_bits=args.weight_bits)
     r = measure(cfg, past=args.past, target=args.target)
     mib = 2**20
     print(

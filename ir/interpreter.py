@@ -352,6 +352,31 @@ def _dequantize(op, args):
     return [np.asarray(nx.dequantize(x, s, z, _out(op)))]
 
 
+@impl(ops.MatMulW4A16Op)
+def _matmul_w4a16(op, args):
+    a, codes, scale, zp = args
+    trans_b = bool(op.attrs["trans_b"])
+    tile = tuple(op.attrs["tile"]) or None
+    a_dtype = op.operands[0].type.dtype.name
+    # dequantizing is elementwise: the whole dequantized weight, then the tiles of matmul_2d, is
+    # what numerics.matmul_wq_tile computes tile by tile (the instruction's kernel)
+    w = nx.dequantize_weight(codes, scale, zp, int(op.attrs["group_size"]), trans_b, a_dtype)
+    a2 = a.reshape(-1, a.shape[-1])
+    acc = nx.matmul_2d(a2, w.T if trans_b else w, tile)
+    return [nx.cast(acc.reshape(op.result.type.shape), _out(op))]
+
+
+@impl(ops.MatMulQAOp)
+def _matmul_qa(op, args):
+    a, codes, scale, zp = args
+    tile = tuple(op.attrs["tile"]) or None
+    w = codes.T if op.attrs["trans_b"] else codes
+    q_dtype = op.operands[3].type.dtype.name
+    a2 = a.reshape(-1, a.shape[-1])
+    acc = nx.matmul_qa_2d(a2, w, op.attrs["scale_a"], zp.reshape(()), q_dtype, scale, tile)
+    return [nx.cast(acc.reshape(op.result.type.shape), _out(op))]
+
+
 # -- shape ---------------------------------------------------------------------------------------
 @impl(ops.ReshapeOp)
 def _reshape(op, args):

@@ -6,7 +6,11 @@ else ONNX's default ``uint8`` for QuantizeLinear; x's type for DequantizeLinear)
 always carry three operands; a per-tensor zero point takes the scale's shape (ONNX allows () and
 (1,) to mix).  Refused, naming the node: quantized types the IR lacks (int16,
 float8 e5m2 …), ``precision`` other than float32 (mcp.quantize divides in f32), a non-float
-QuantizeLinear input.
+QuantizeLinear input.  ``com.microsoft`` MatMulNBits becomes the same dequantize + matmul pair.
+
+A DequantizeLinear of constant codes whose result takes more bytes than the codes (an int4 or
+int8 weight) is kept as ``mcp.dequantize`` rather than evaluated at import, as ``fold-constants``
+keeps it: the compressed codes are what the model stores.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ import numpy as np
 
 from mcpc.errors import UnsupportedError
 from mcpc.ir import ops
-from mcpc.ir.dtypes import F32, QUANTIZED_DTYPES, U8, DType
-from mcpc.ir.onnx_handlers import _reshape, check, handles, onnx_dtype
+from mcpc.ir.dtypes import F32, QUANTIZED_DTYPES, U4, U8, DType
+from mcpc.ir.onnx_handlers import DOMAIN_HANDLERS, _reshape, check, handles, onnx_dtype
 from mcpc.ir.ops_quant import DEQUANTIZABLE_DTYPES
 
 
@@ -91,4 +95,68 @@ def _dequantize(ctx, ins):
     out = _type_attr(ctx, "output_dtype")
     if out is not None:
         attrs["out"] = out
-    return [ctx.emit(ops.DequantizeOp, [x, scale, _zero_point(ctx, ins, xtype)], attrs)]
+    out_bits = (out or ctx.dtype(scale)).bits
+    widens = isinstance(x, np.ndarray) and out_bits > xtype.bits
+    return [ctx.emit(ops.DequantizeOp, [x, scale, _zero_point(ctx, ins, xtype)], attrs, fold=not widens)]
+
+
+# -- com.microsoft MatMulNBits (ONNX Runtime's 4-bit / 8-bit weight quantizer output) -------------
+def _unpack_codes(raw: np.ndarray, bits: int, count: int, dtype) -> np.ndarray:
+    """The first ``count`` codes of each row of ``raw`` (uint8 rows), low nibble first for 4 bits."""
+    if bits == 8:
+        return raw[:, :count].astype(dtype)
+    lo, hi = raw & 0x0F, raw >> 4
+    codes = np.stack([lo, hi], axis=-1).reshape(raw.shape[0], -1)[:, :count]
+    return codes.astype(np.uint8).astype(dtype)
+
+
+def _ms_matmul_nbits(ctx, ins):
+    """``Y = A · dequantize(B)ᵀ (+ bias)``: B [N, blocks, blob] uint8 holds, per output column, the
+    K codes of the weight's row (4-bit: two per byte, low nibble first), scales [N·blocks] one per
+    block of ``block_size`` along K, zero points packed the same way (default 2^(bits−1)).  Imported
+    as ``mcp.dequantize(codes [N, K], scale [N, blocks], zero_point) {axis 1, block_size}`` feeding
+    ``mcp.matmul {trans_b}``: the IR contract of a quantized weight, which ``fuse-dequantize-matmul``
+    turns into ``mcp.matmul_w4a16``."""
+    k, n = int(ctx.attr("K", 0)), int(ctx.attr("N", 0))
+    bits, block = int(ctx.attr("bits", 4)), int(ctx.attr("block_size", 0))
+    if bits not in (4, 8):
+        raise ctx.unsupported(f"bits={bits} is not supported (4 and 8 are)")
+    if k <= 0 or n <= 0 or block < 16 or block & (block - 1):
+        raise ctx.unsupported(f"attributes K={k}, N={n}, block_size={block} are not valid")
+    a = ins[0]
+    raw = ctx.const(ins[1], "B (the quantized weight)")
+    blocks = -(-k // block)
+    if raw.dtype != np.uint8 or raw.size != n * blocks * block * bits // 8:
+        want = f"uint8 [{n}, {blocks}, {block * bits // 8}]"
+        raise ctx.unsupported(f"B is {raw.dtype}{list(raw.shape)}; expected {want}")
+    scale = ctx.const(ins[2], "scales")
+    if scale.size != n * blocks:
+        raise ctx.unsupported(f"scales has {scale.size} elements; expected N·blocks = {n * blocks}")
+    code_dtype = (U4 if bits == 4 else U8).np_dtype
+    codes = _unpack_codes(raw.reshape(n, -1), bits, k, code_dtype)
+    zp_in = ins[3] if len(ins) > 3 else None
+    if zp_in is None:
+        zp = np.full((n, blocks), 1 << (bits - 1), code_dtype)
+    else:
+        zraw = ctx.const(zp_in, "zero_points")
+        if zraw.dtype != np.uint8:
+            raise ctx.unsupported(f"zero_points of {zraw.dtype} (float zero points) are not supported")
+        zp = _unpack_codes(zraw.reshape(n, -1), bits, blocks, code_dtype)
+    g_idx = ins[4] if len(ins) > 4 else None
+    if g_idx is not None:
+        order = ctx.const(g_idx, "g_idx").reshape(-1)
+        if not np.array_equal(order, np.arange(k) // block):
+            raise ctx.unsupported("g_idx reorders the blocks (act-order); only a trivial g_idx is supported")
+    w = ctx.emit(
+        ops.DequantizeOp, [codes, scale.reshape(n, blocks), zp], {"axis": 1, "block_size": block}, fold=False
+    )
+    if ctx.dtype(w) != ctx.dtype(a):
+        raise ctx.unsupported(f"scales are {ctx.dtype(w)} but A is {ctx.dtype(a)}")
+    y = ctx.emit(ops.MatMulOp, [a, w], {"trans_b": True})
+    bias = ins[5] if len(ins) > 5 else None
+    if bias is not None:
+        y = ctx.emit(ops.AddOp, [y, bias])
+    return [y]
+
+
+DOMAIN_HANDLERS["com.microsoft", "MatMulNBits"] = _ms_matmul_nbits

@@ -320,12 +320,13 @@ class _Importer:
     def ints(self, term, what: str) -> list[int]:
         return [int(x) for x in self.const(term, what).reshape(-1)]
 
-    def emit(self, cls: type[Operation], operands, attrs: dict | None = None):
+    def emit(self, cls: type[Operation], operands, attrs: dict | None = None, fold: bool = True):
         """Apply IR op ``cls``: evaluated now when every operand is a constant (and the result does
-        not grow constant storage past ``IMPORT_FOLD_MAX_ELEMENTS``), else appended to ``main``.
-        Returns the one result (array or Value), or a list when the op has several."""
+        not grow constant storage past ``IMPORT_FOLD_MAX_ELEMENTS``) unless ``fold`` is false, else
+        appended to ``main``.  Returns the one result (array or Value), or a list when the op has
+        several."""
         attrs = dict(attrs or {})
-        if all(isinstance(t, np.ndarray) for t in operands):
+        if fold and all(isinstance(t, np.ndarray) for t in operands):
             dummies = [Value(TensorType(t.shape, dtype_from_numpy(t.dtype))) for t in operands]
             op = self._make(cls, dummies, attrs)
             budget = max(IMPORT_FOLD_MAX_ELEMENTS, sum(t.size for t in operands))

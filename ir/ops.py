@@ -47,6 +47,7 @@ from mcpc.ir.ops_nn import (
     ReduceSumOp,
     SoftmaxOp,
 )
+from mcpc.ir.ops_qmatmul import MatMulQAOp, MatMulW4A16Op
 from mcpc.ir.ops_quant import DequantizeOp, QuantizeOp
 from mcpc.ir.ops_shape import (
     BroadcastOp,
@@ -88,6 +89,8 @@ __all__ = [
     "LogSoftmaxOp",
     "LogOp",
     "MatMulOp",
+    "MatMulQAOp",
+    "MatMulW4A16Op",
     "MaxOp",
     "MinOp",
     "ModOp",

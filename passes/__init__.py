@@ -48,6 +48,10 @@ PASS_MODULES: tuple[str, ...] = (
     "mcpc.passes.dce",
     "mcpc.passes.convert_precision",
     "mcpc.passes.quantize_weights",
+    "mcpc.passes.fuse_scales",
+    "mcpc.passes.fuse_dequantize",
+    "mcpc.passes.expand_quantize",
+    "mcpc.passes.fold_norm_gain",
     "mcpc.passes.tile_matmul",
     "mcpc.passes.npu_schedule",
 )

@@ -18,9 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
+from mcpc.arch import numerics as nx
 from mcpc.errors import InputError
 from mcpc.ir.core import Function
 from mcpc.ir.interpreter import evaluate_op
+from mcpc.ir.ops import MatMulOp
 
 
 @dataclass(frozen=True)
@@ -136,12 +138,21 @@ def run_collecting(
     inputs: dict[str, np.ndarray],
     watch: dict[int, Callable[[np.ndarray], None]] | None = None,
     replace: dict[int, np.ndarray] | None = None,
+    fast_matmul: bool = False,
+    start: int = 0,
+    env: dict[int, np.ndarray] | None = None,
+    keep: dict[int, np.ndarray] | None = None,
 ) -> list[np.ndarray]:
     """Run ``func`` on ``inputs`` with the reference interpreter; return its results.
 
     ``watch`` maps ``id(value)`` to a callback receiving that value once computed; ``replace`` maps
     ``id(value)`` to an array used instead of computing it (a weight swapped for its quantized
     reconstruction, for sensitivity).  Values no later op reads are dropped as the run goes.
+    ``fast_matmul`` computes matmuls with numpy's f32 matmul instead of the interpreter's tiled
+    accumulation order: statistics for calibration need the values, not their last bits.
+    ``start`` and ``env`` resume a run at op ``start`` from the values ``env`` holds (id(value) ->
+    array, e.g. a ``keep`` of an earlier run with some values replaced); ``keep``, when given, is
+    filled with every value of the run (nothing is dropped).
     """
     watch = watch or {}
     replace = replace or {}
@@ -149,19 +160,28 @@ def run_collecting(
     for i, op in enumerate(func.ops):
         for v in op.operands:
             last_use[id(v)] = i
-    env: dict[int, np.ndarray] = {id(a): inputs[a.name] for a in func.args}
-    for i, op in enumerate(func.ops):
+    env = dict(env) if env is not None else {id(a): inputs[a.name] for a in func.args}
+    for i in range(start, len(func.ops)):
+        op = func.ops[i]
         if op.IS_TERMINATOR:
+            if keep is not None:
+                keep.update(env)
             return [env[id(v)] for v in op.operands]
         if len(op.results) == 1 and id(op.result) in replace:
             results = [replace[id(op.result)]]
+        elif fast_matmul and isinstance(op, MatMulOp):
+            a, b = (env[id(v)] for v in op.operands)
+            b = np.swapaxes(b, -1, -2) if op.attrs["trans_b"] else b
+            y = np.matmul(a.astype(np.float32), b.astype(np.float32))
+            results = [nx.cast(y, op.result.type.dtype.name)]
         else:
             results = evaluate_op(op, [env[id(v)] for v in op.operands])
         for r, arr in zip(op.results, results, strict=True):
             env[id(r)] = arr
             if id(r) in watch:
                 watch[id(r)](arr)
-        for v in op.operands:
-            if last_use.get(id(v)) == i and not v.is_argument:
-                env.pop(id(v), None)
+        if keep is None:
+            for v in op.operands:
+                if last_use.get(id(v)) == i and not v.is_argument:
+                    env.pop(id(v), None)
     raise InputError(f"func @{func.name} has no mcp.return")

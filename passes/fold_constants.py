@@ -19,6 +19,11 @@ it; of a weight still used elsewhere — a tied embedding's table — it would b
 it stays a run-time op).  So folding never materialises a large broadcast or
 ``ConstantOfShape``-like tensor.  Results of dtype i64 are never folded: i64 lives only at the
 I/O boundary, behind an explicit ``mcp.cast``.
+
+Compressed weights stay compressed: an ``mcp.dequantize`` of constant codes whose result takes
+more bytes than its codes (int4 codes dequantized to f16) is never folded, whatever the budget —
+it exists so that the packed codes are what is stored and moved (the backend fuses it into the
+consuming matmul).  Other quantize/dequantize ops of constants fold like any op.
 """
 
 from __future__ import annotations
@@ -36,13 +41,14 @@ from mcpc.ir.dtypes import I64
 from mcpc.ir.interpreter import evaluate_op, has_impl
 from mcpc.ir.ops_core import ConstantOp
 from mcpc.ir.ops_nn import MatMulOp
+from mcpc.ir.ops_quant import DequantizeOp
 from mcpc.ir.ops_shape import TransposeOp
 from mcpc.passes.manager import Pass, PassContext, register_pass
 
 
 def _key(value: np.ndarray) -> tuple:
     raw = np.ascontiguousarray(value).tobytes()
-    return (value.dtype.str, value.shape, hashlib.blake2b(raw, digest_size=16).digest())
+    return (value.dtype.str, value.dtype.name, value.shape, hashlib.blake2b(raw, digest_size=16).digest())
 
 
 def _raw(a: np.ndarray) -> bytes:
@@ -79,7 +85,7 @@ def absorb_transposes(func: Function) -> int:
     by_shape: dict[tuple, list[Value]] = {}
     for op in func.ops:
         if isinstance(op, ConstantOp) and op.value.ndim >= 2:
-            by_shape.setdefault((op.value.dtype.str, op.value.shape), []).append(op.result)
+            by_shape.setdefault((op.value.dtype.name, op.value.shape), []).append(op.result)
 
     def preferred(v: Value) -> tuple:
         return (id(v) in needed, -index[id(v)])
@@ -88,7 +94,7 @@ def absorb_transposes(func: Function) -> int:
         w = values[id(b)]
         twins = [
             v
-            for v in by_shape.get((w.dtype.str, (*w.shape[:-2], w.shape[-1], w.shape[-2])), [])
+            for v in by_shape.get((w.dtype.name, (*w.shape[:-2], w.shape[-1], w.shape[-2])), [])
             if v is not b and index[id(v)] < before and preferred(v) > preferred(b)
         ]
         if not twins:
@@ -178,10 +184,17 @@ def _foldable(op, consts: dict[int, np.ndarray], uses: Counter[int], max_element
         return False
     if any(r.type.dtype == I64 for r in op.results):
         return False
+    if isinstance(op, DequantizeOp) and _widens(op):
+        return False
     out = sum(r.type.numel for r in op.results)
     mine = Counter(id(v) for v in op.operands)
     dying = {id(v): v.type.numel for v in op.operands if uses[id(v)] <= mine[id(v)]}
     return out <= max(max_elements, sum(dying.values()))
+
+
+def _widens(op: DequantizeOp) -> bool:
+    """Whether the dequantized result is stored in more bytes than the codes it reads."""
+    return op.result.type.nbytes > op.operands[0].type.nbytes
 
 
 @register_pass

@@ -6,13 +6,25 @@ There are no opt-levels: every preset is an explicit, readable pipeline string, 
 """
 
 PRESETS: dict[str, str] = {
-    "fp32": "fold-constants,dce,tile-matmul,npu-schedule",
-    "fp16": "fold-constants,convert-precision{dtype=f16},dce,tile-matmul,npu-schedule",
-    # quantized builds: the config's quantization: section applied to the f32 weights (calibrated
-    # on the f32 graph), then the fp16 build of the rest
-    "quant-fp16": "fold-constants,quantize-weights,convert-precision{dtype=f16},dce,tile-matmul,npu-schedule",
-    "quant-fp32": "fold-constants,quantize-weights,dce,tile-matmul,npu-schedule",
+    "fp32": "fold-constants,fuse-scales,fuse-dequantize-matmul,expand-quantize,dce,tile-matmul,npu-schedule",
+    "fp16": (
+        "fold-constants,convert-precision{dtype=f16},fuse-scales,fuse-dequantize-matmul,expand-quantize,"
+        "dce,tile-matmul,npu-schedule"
+    ),
 }
+
+
+def _quantizing(pipeline: str) -> str:
+    """``pipeline`` with ``quantize-weights`` right after its ``fold-constants``: the config's
+    quantization: section applied to the f32 weights (calibrated on the f32 graph), then the rest
+    of the build as the float preset makes it."""
+    if "fold-constants," not in pipeline:
+        raise AssertionError(f"a float preset without fold-constants: {pipeline}")
+    return pipeline.replace("fold-constants,", "fold-constants,quantize-weights,", 1)
+
+
+PRESETS["quant-fp32"] = _quantizing(PRESETS["fp32"])
+PRESETS["quant-fp16"] = _quantizing(PRESETS["fp16"])
 
 
 def resolve_pipeline(preset_or_text: str) -> str:

@@ -10,9 +10,10 @@ Guarantees a valid module computing, for every quantized layer, ``x @ dequant(W)
   column) and ``zero_point`` (the codes' dtype, the scale's shape, zeros when symmetric) —
   feeding ``mcp.dequantize {axis = K axis, block_size = group size}`` whose result is the
   matmul's ``b`` (so a ``trans_b`` matmul keeps reading an (N, K) weight);
-* a ``mcp.gather`` of a tied embedding (the table the LM head reads transposed) gathers the
-  codes, scales and zero points of the rows it reads and dequantizes those rows only: the table
-  is stored once, quantized;
+* a ``mcp.gather`` of a tied embedding (the table the LM head reads transposed) reads the same
+  ``mcp.dequantize`` of the table: the table is stored once, quantized (the backend's
+  ``fuse-dequantize-matmul`` rewrites ``gather(dequantize(table))`` of a row-blocked table into the
+  dequantize of the gathered rows, so a run dequantizes only the rows it reads);
 * AWQ's per-channel input scale ``s`` becomes ``x / s`` before the matmul (the weight quantized is
   ``diag(s) W``);
 * activation quantization (``activations.where``) is a ``mcp.quantize`` → ``mcp.dequantize`` pair
@@ -34,20 +35,14 @@ from typing import Any, ClassVar
 import ml_dtypes
 import numpy as np
 
-from mcpc.arch import numerics as nx
 from mcpc.errors import PassError, UnsupportedError
 from mcpc.ir.core import Function, Module, Operation, Value
 from mcpc.ir.ops import ConstantOp, DequantizeOp, DivOp, GatherOp, MatMulOp, QuantizeOp
 from mcpc.passes.calibration import CalibrationData, run_collecting
 from mcpc.passes.manager import Pass, PassContext, register_pass
+from mcpc.passes.weight_quantizer import QuantResult, _algos, quantize_weight, resolve_algorithm
 
 F32 = np.float32
-INT_CODE_TYPES = {
-    ("i", 4): ml_dtypes.int4,
-    ("u", 4): ml_dtypes.uint4,
-    ("i", 8): np.int8,
-    ("u", 8): np.uint8,
-}
 
 
 # -- finding the layers ------------------------------------------------------------------------------
@@ -139,121 +134,6 @@ def layer_settings(quant, layer: Layer, bits: int | None = None):
     return None if keep else settings
 
 
-# -- quantizing one weight ---------------------------------------------------------------------------
-@dataclass
-class QuantResult:
-    """A quantized (K, N) weight as the IR stores it, before the layout change."""
-
-    codes: np.ndarray  # (K, N) in the IR code dtype
-    scales: np.ndarray  # (G, N) f16/f32
-    zero_points: np.ndarray  # (G, N), the codes' dtype
-    block: int
-    algorithm: str
-    in_scale: np.ndarray | None = None  # AWQ: the matmul reads x / in_scale
-
-    def dequantize(self) -> np.ndarray:
-        """f32 (K, N): exactly what the IR dequantize op computes."""
-        k, n = self.codes.shape
-        s = nx.expand_qparam(self.scales, (k, n), 0, self.block)
-        z = nx.expand_qparam(self.zero_points, (k, n), 0, self.block)
-        return nx.dequantize(self.codes, s, z, "f32")
-
-    @property
-    def nbytes(self) -> int:
-        return sum(_stored_bytes(a) for a in (self.codes, self.scales, self.zero_points))
-
-
-def _stored_bytes(a: np.ndarray) -> int:
-    from mcpc.ir.dtypes import dtype_from_numpy
-
-    return dtype_from_numpy(a.dtype).storage_bytes(a.size)
-
-
-def _algos():
-    from mcpc.passes import quant
-
-    return quant
-
-
-def _algorithm(name: str):
-    fn = getattr(_algos(), f"quantize_{name}", None)
-    if fn is None:
-        raise UnsupportedError(f"quantize-weights: algorithm {name} is not available in this build of mcpc")
-    return fn
-
-
-def resolve_algorithm(settings, have_data: bool) -> str:
-    """``auto`` is GPTQ with calibration data, else the data-free clipping search ``mse``."""
-    if settings.format == "f8e4m3fn":
-        return "fp8"
-    if settings.algorithm == "auto":
-        return "gptq" if have_data else "mse"
-    return settings.algorithm
-
-
-def quantize_weight(w: np.ndarray, settings, x: np.ndarray | None, where: str) -> QuantResult:
-    """Quantize the (K, N) f32 weight ``w`` with ``settings`` (a ``WeightQuant``); ``x`` the
-    calibration inputs of its matmul(s) (an ``InputStats`` or a (rows, K) array), or None."""
-    k = w.shape[0]
-    block = settings.group_size or k
-    algorithm = resolve_algorithm(settings, x is not None)
-    if algorithm == "fp8":
-        return _quantize_fp8(w, settings, block)
-    if algorithm in ("awq", "gptq") and x is None:
-        raise PassError(f"quantize-weights: {where}: algorithm {algorithm} needs calibration data")
-    spec = _algos().QuantSpec(
-        bits=settings.bits,
-        group_size=settings.group_size,
-        symmetric=settings.symmetric,
-        scale_dtype=settings.scale_dtype,
-        rounding=settings.rounding,
-    )
-    in_scale = None
-    if algorithm == "gptq":
-        qw = _algorithm("gptq")(w, x, spec, desc_act=settings.desc_act)
-    elif algorithm == "awq":
-        qw, in_scale = _algorithm("awq")(w, x, spec)
-        in_scale = np.asarray(in_scale, F32)
-    else:
-        qw = _algorithm(algorithm)(w, spec)
-    sign = "i" if settings.symmetric else "u"
-    code_type = INT_CODE_TYPES[(sign, 4 if settings.bits == 4 else 8)]
-    codes = np.asarray(qw.codes).astype(np.int64)
-    lo, hi = (
-        (-(1 << (settings.bits - 1)), (1 << (settings.bits - 1)) - 1)
-        if settings.symmetric
-        else (0, (1 << settings.bits) - 1)
-    )
-    if codes.min(initial=0) < lo or codes.max(initial=0) > hi:
-        raise PassError(f"quantize-weights: {where}: {algorithm} produced codes outside [{lo}, {hi}]")
-    zp = (
-        np.zeros(qw.scales.shape, np.int64)
-        if qw.zero_points is None
-        else np.asarray(qw.zero_points, np.int64)
-    )
-    result = QuantResult(
-        codes.astype(code_type), np.asarray(qw.scales), zp.astype(code_type), block, qw.algorithm, in_scale
-    )
-    if not np.array_equal(result.dequantize(), np.asarray(qw.dequantize(), F32), equal_nan=True):
-        raise PassError(f"quantize-weights: {where}: the stored codes do not reproduce {algorithm}'s weight")
-    return result
-
-
-def _quantize_fp8(w: np.ndarray, settings, block: int) -> QuantResult:
-    """fp8 e4m3 codes: one scale per group mapping its largest magnitude to 448 (saturating cast)."""
-    k, n = w.shape
-    groups = -(-k // block)
-    pad = np.zeros((groups * block - k, n), F32)
-    amax = np.abs(np.concatenate([w, pad])).reshape(groups, block, n).max(axis=1)
-    sdt = np.float16 if settings.scale_dtype == "f16" else np.float32
-    scales = (amax / F32(448.0)).astype(sdt)
-    tiny = np.finfo(sdt).smallest_normal
-    scales = np.where(scales == 0, sdt(tiny), scales).astype(sdt)
-    zeros = np.zeros((groups, n), ml_dtypes.float8_e4m3fn)
-    codes = nx.quantize(w, nx.expand_qparam(scales, (k, n), 0, block), np.zeros((), np.float32), "f8e4m3fn")
-    return QuantResult(codes, scales, zeros, block, "fp8")
-
-
 # -- the pass ----------------------------------------------------------------------------------------
 def _const(value: np.ndarray, loc: str | None) -> ConstantOp:
     return ConstantOp([], {"value": np.asarray(value, order="C")}, loc=loc)
@@ -310,6 +190,8 @@ def plan_function(func: Function, quant, calib: CalibrationData | None, measure:
         samples = sens_cfg.samples if sens_cfg is not None else 8
         metric = sens_cfg.metric if sens_cfg is not None else "rel_l2"
         probe = 6 if sens_cfg is not None else None
+        from mcpc.passes.sensitivity import measure_sensitivity
+
         sensitivity = measure_sensitivity(func, layers, quant, calib.limited(samples), metric, probe)
         if sens_cfg is not None:
             t = sens_cfg.thresholds
@@ -325,47 +207,6 @@ def plan_function(func: Function, quant, calib: CalibrationData | None, measure:
     elif quant.activations.where == "all":
         act = [m for layer, s in zip(layers, settings, strict=True) if s is not None for m in layer.matmuls]
     return _Plan(layers, settings, act, sensitivity)
-
-
-def measure_sensitivity(func, layers, quant, calib, metric: str, probe_bits: int | None) -> dict[str, float]:
-    """Per layer: the model output error with that layer alone quantized (at ``probe_bits``, else
-    at its configured settings), over ``calib``.  Layers an override keeps are not measured."""
-    refs = [run_collecting(func, b) for b in calib.batches]
-    chosen = [layer_settings(quant, layer, probe_bits) for layer in layers]
-    needs_x = any(s is not None and resolve_algorithm(s, True) in ("awq", "gptq") for s in chosen)
-    xs = collect_inputs(func, layers, calib) if needs_x else None
-    out: dict[str, float] = {}
-    for i, (layer, settings) in enumerate(zip(layers, chosen, strict=True)):
-        if settings is None:
-            continue
-        w = _kn(layer)
-        x = xs[i] if xs is not None else None
-        q = quantize_weight(w, settings, x, layer.name)
-        wq = q.dequantize()
-        replaced = (wq.T if layer.trans_b else wq).astype(layer.const.value.dtype)
-        errs = []
-        for batch, ref in zip(calib.batches, refs, strict=True):
-            got = run_collecting(func, batch, replace={id(layer.const.result): replaced})
-            errs.append((ref, got))
-        out[layer.name] = _error(errs, metric)
-    return out
-
-
-def _error(pairs, metric: str) -> float:
-    num = den = dot = nr = ng = 0.0
-    for ref, got in pairs:
-        for r, g in zip(ref, got, strict=True):
-            if not np.issubdtype(r.dtype, np.floating) and r.dtype.kind != "V":
-                continue
-            r64, g64 = np.asarray(r, np.float64).ravel(), np.asarray(g, np.float64).ravel()
-            num += float(np.sum((g64 - r64) ** 2))
-            den += float(np.sum(r64**2))
-            dot += float(r64 @ g64)
-            nr += float(r64 @ r64)
-            ng += float(g64 @ g64)
-    if metric == "cosine":
-        return 1.0 - dot / max(np.sqrt(nr * ng), 1e-300)
-    return float(np.sqrt(num / max(den, 1e-300)))
 
 
 def _kn(layer: Layer) -> np.ndarray:
@@ -398,7 +239,7 @@ def collect_inputs(func: Function, layers: list[Layer], calib: CalibrationData, 
         return see
 
     for batch in calib.batches:
-        run_collecting(func, batch, watch={k: watcher(k) for k in readers})
+        run_collecting(func, batch, watch={k: watcher(k) for k in readers}, fast_matmul=True)
     return stats
 
 
@@ -527,24 +368,13 @@ def _rewrite(func: Function, plan: _Plan, new_for_const, deq_of, observers, quan
 
 
 def _tied_gather(op: GatherOp, entry, rename) -> list[Operation]:
-    """``gather(table, ids)`` of a quantized tied table: gather its codes, scales and zero points
-    (row-blocked layout) and dequantize the gathered rows; or gather the dequantized table."""
-    deq, q, layer = entry
-    if not layer.trans_b:  # blocks run along the rows gathered: dequantize the table, then gather
-        new = GatherOp([deq, op.operands[1]], dict(op.attrs), loc=op.loc)
-        rename[id(op.result)] = new.result
-        return [new]
-    codes, scale, zp = deq.owner.operands
-    ids = op.operands[1]
-    gathered = [GatherOp([v, ids], {"axis": 0}, loc=op.loc) for v in (codes, scale, zp)]
-    rank = gathered[0].result.type.rank
-    out = DequantizeOp(
-        [g.result for g in gathered],
-        {"axis": rank - 1, "block_size": q.block, "out": op.result.type.dtype},
-        loc=op.loc,
-    )
-    rename[id(op.result)] = out.result
-    return [*gathered, out]
+    """``gather(table, ids)`` of a quantized tied table reads the table's dequantize: the codes are
+    stored once.  (The backend's ``fuse-dequantize-matmul`` turns ``gather(dequantize(rows))`` of a
+    row-blocked table into the dequantize of the gathered rows, so only they are dequantized.)"""
+    deq, _q, _layer = entry
+    new = GatherOp([deq, op.operands[1]], dict(op.attrs), loc=op.loc)
+    rename[id(op.result)] = new.result
+    return [new]
 
 
 def _quantize_activation(op, x, observer, quant, new_ops, done, rows) -> Value:
@@ -605,8 +435,14 @@ class QuantizeWeightsPass(Pass):
             "calibration": None if calib is None else {"source": calib.source, "samples": calib.samples},
             "functions": {},
         }
+        if calib is not None and len(module.functions) > 1:
+            raise UnsupportedError(
+                f"quantize-weights: calibration of a module with several functions "
+                f"({', '.join('@' + f for f in module.functions)}) is not implemented yet; quantize "
+                "without calibration data (algorithm rtn or mse) or calibrate a single-function build"
+            )
         for func in module.functions.values():
-            data = calib if calib is not None and len(module.functions) == 1 else None
+            data = calib
             report["functions"][func.name], detail = quantize_function(func, quant, data, measure, kept)
             ctx.notes.setdefault("quantized_arrays", {})[func.name] = detail
         ctx.notes["quantization"] = report

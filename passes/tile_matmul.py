@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 from mcpc.arch.dtypes import DTYPES, tile_bytes
 from mcpc.errors import DoesNotFit, PassError, does_not_fit
 from mcpc.ir.core import Module
-from mcpc.ir.ops import MatMulOp
+from mcpc.ir.ops import MatMulOp, MatMulQAOp, MatMulW4A16Op
 from mcpc.passes.manager import Pass, PassContext, register_pass
 
 # Parts each dim may be split into (more for long dims, via powers of two below).
@@ -58,9 +58,18 @@ def _splits(dim: int, unit: int) -> list[int]:
     return sorted(t for t in out if 0 < t <= _MAX_FIELD) or [min(unit * (_MAX_FIELD // unit), dim)]
 
 
-def slot_bytes(tm: int, tn: int, tk: int, in_dtype: str, out_dtype: str, align: int) -> int:
-    """SRAM the backend's matmul kernel needs for a tile with double buffering (in/out slots x2)."""
-    ins = _align(tile_bytes(in_dtype, tm, tk), align) + _align(tile_bytes(in_dtype, tk, tn), align)
+def slot_bytes(tm: int, tn: int, tk: int, in_dtype: str, out_dtype: str, align: int,
+               weight: tuple[str, str, int] | None = None) -> int:  # fmt: skip
+    """SRAM the backend's matmul kernel needs for a tile with double buffering (in/out slots x2).
+    ``weight`` = (codes dtype, scale dtype, group size) for ``mcp.matmul_w4a16``: B is the codes'
+    tile, plus a scale and a zero-point tile per slot."""
+    w_dtype = weight[0] if weight else in_dtype
+    ins = _align(tile_bytes(in_dtype, tm, tk), align) + _align(tile_bytes(w_dtype, tk, tn), align)
+    if weight:
+        groups = -(-tk // weight[2]) if weight[2] else 1
+        ins += _align(tile_bytes(weight[1], groups, tn), align) + _align(
+            tile_bytes(w_dtype, tn, groups), align
+        )
     total = 2 * ins + 2 * _align(tile_bytes(out_dtype, tm, tn), align)
     if out_dtype != "f32":
         total += _align(tm * tn * 4, align)
@@ -74,14 +83,16 @@ def _pieces(dim: int, t: int) -> list[tuple[int, int]]:
 
 
 def estimate_cycles(batch: int, m: int, n: int, k: int, tile: tuple[int, int, int], in_dtype: str,
-                    out_dtype: str, target: Any) -> float:  # fmt: skip
-    """The model's cycle estimate of the matmul kernel with ``tile`` (see module doc)."""
+                    out_dtype: str, target: Any, w_dtype: str | None = None) -> float:  # fmt: skip
+    """The model's cycle estimate of the matmul kernel with ``tile`` (see module doc); ``w_dtype``
+    is the dtype of B when it differs from A's (the codes of ``mcp.matmul_w4a16``)."""
     tm, tn, tk = tile
     mac = target.mac
     rows, cols = mac.array_rows, mac.array_cols
     rate = target.macs_per_cycle_for(in_dtype)
     bpc = target.dram_bytes_per_cycle
     es, os_ = DTYPES[in_dtype].elem_bytes, DTYPES[out_dtype].elem_bytes  # 0.5 for packed 4-bit
+    ws = DTYPES[w_dtype or in_dtype].elem_bytes
     lat = target.dram_latency_cycles
     sum_c = sum_d = sum_max = 0.0
     last_c = first_d = last_s = 0.0
@@ -94,7 +105,7 @@ def estimate_cycles(batch: int, m: int, n: int, k: int, tile: tuple[int, int, in
                     math.ceil(mm / rows) * math.ceil(nn / cols) * kk * rows * cols / rate
                     + mac.pipeline_latency
                 )
-                d = (mm * kk + kk * nn) * es / bpc
+                d = (mm * kk * es + kk * nn * ws) / bpc
                 sum_c += tiles * ck * c
                 sum_d += tiles * ck * d
                 # two slots: load r+2 waits for compute r, which waits for load r to land
@@ -107,31 +118,38 @@ def estimate_cycles(batch: int, m: int, n: int, k: int, tile: tuple[int, int, in
 
 
 def choose_tile(batch: int, m: int, n: int, k: int, in_dtype: str, out_dtype: str, target: Any,
-                sram_budget: int | None = None) -> tuple[int, int, int]:  # fmt: skip
+                sram_budget: int | None = None,
+                weight: tuple[str, str, int] | None = None) -> tuple[int, int, int]:  # fmt: skip
     """The [tm, tn, tk] with the lowest ``estimate_cycles`` whose slots fit the SRAM budget.
 
     Ties go to fewer K tiles, then larger tiles (deterministic).  Raises PassError when not even
-    the smallest tile fits.
+    the smallest tile fits.  ``weight`` (``slot_bytes``) makes B quantized codes: tk is then a
+    multiple of twice the group size (each K tile holds whole groups, and a tile of packed
+    zero points starts on a byte) or all of K.
     """
+    w_dtype = weight[0] if weight else None
+    k_unit = math.lcm(_K_ALIGN, 2 * weight[2]) if weight and weight[2] else _K_ALIGN
     budget = sram_budget if sram_budget is not None else target.sram.size_bytes
     align = getattr(target.sram, "bank_bytes", _SRAM_ALIGN_DEFAULT)
     best, best_key = None, None
     for tm in _splits(m, target.mac.array_rows):
         for tn in _splits(n, target.mac.array_cols):
-            for tk in _splits(k, _K_ALIGN):
-                if slot_bytes(tm, tn, tk, in_dtype, out_dtype, align) > budget:
+            for tk in _splits(k, k_unit):
+                if slot_bytes(tm, tn, tk, in_dtype, out_dtype, align, weight) > budget:
                     continue
-                cyc = estimate_cycles(batch, m, n, k, (tm, tn, tk), in_dtype, out_dtype, target)
+                cyc = estimate_cycles(batch, m, n, k, (tm, tn, tk), in_dtype, out_dtype, target, w_dtype)
                 key = (cyc, math.ceil(k / tk), -tm * tn)
                 if best_key is None or key < best_key:
                     best, best_key = (tm, tn, tk), key
     if best is None:
         # The grid starts at one array tile; shrink below it (slow but correct) before giving up.
         for t in (64, 32, 16, 8, 4, 2, 1):
-            tile = (min(m, t), min(n, t), min(k, t))
-            if slot_bytes(*tile, in_dtype, out_dtype, align) <= budget:
+            tile = (min(m, t), min(n, t), min(k, max(t, k_unit if weight else 1)))
+            if weight and tile[1] < n and tile[1] % 2:
+                continue
+            if slot_bytes(*tile, in_dtype, out_dtype, align, weight) <= budget:
                 return tile
-        need = slot_bytes(1, 1, 1, in_dtype, out_dtype, align)
+        need = slot_bytes(1, 1, 1, in_dtype, out_dtype, align, weight)
         raise does_not_fit(
             f"tile-matmul: a 1x1x1 tile of a {m}x{n}x{k} matmul (double-buffered)",
             need,
@@ -146,7 +164,7 @@ def choose_tile(batch: int, m: int, n: int, k: int, in_dtype: str, out_dtype: st
 @register_pass
 @dataclass(frozen=True)
 class TileMatmulPass(Pass):
-    """Set ``tile`` on every ``mcp.matmul`` for ``ctx.target``.
+    """Set ``tile`` on every ``mcp.matmul`` and ``mcp.matmul_w4a16`` for ``ctx.target``.
 
     Assumes: a valid module and a target in the pass context (PassError naming the pass
     otherwise).  Guarantees: every matmul has ``tile = [tm, tn, tk]`` with 1 <= t <= its dim
@@ -164,17 +182,22 @@ class TileMatmulPass(Pass):
         if target is None:
             raise PassError("pass tile-matmul needs a target (none in the pass context)")
         for op in module.walk():
-            if not isinstance(op, MatMulOp):
+            if isinstance(op, (MatMulW4A16Op, MatMulQAOp)):  # quantized codes; all rows of a form M
+                a, codes, scale = (v.type for v in op.operands[:3])
+                group = int(op.attrs["group_size"]) if isinstance(op, MatMulW4A16Op) else 0
+                weight = (codes.dtype.name, scale.dtype.name, group)
+                m, batch = math.prod(a.shape[:-1]), 1
+            elif isinstance(op, MatMulOp):
+                a, weight = op.operands[0].type, None
+                m, batch = a.shape[-2], math.prod(op.result.type.shape[:-2])
+            else:
                 continue
-            a, b = (v.type for v in op.operands)
             out = op.result.type
-            m, k = a.shape[-2:]
-            n = out.shape[-1]
-            batch = math.prod(out.shape[:-2])
+            k, n = a.shape[-1], out.shape[-1]
             if min(m, n, k) == 0:
                 continue
             try:
-                tile = choose_tile(batch, m, n, k, a.dtype.name, out.dtype.name, target)
+                tile = choose_tile(batch, m, n, k, a.dtype.name, out.dtype.name, target, weight=weight)
             except DoesNotFit as exc:
                 raise DoesNotFit(f"{op.describe()}: {exc.message}") from None
             except PassError as exc:

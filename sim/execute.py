@@ -27,9 +27,12 @@ from mcpc.arch.numerics import (
     NUMPY_DTYPES,
     binary,
     cast,
+    dequantize_weight,
     matmul_in_f64,
     matmul_prepared,
+    matmul_qa_tile,
     matmul_tile,
+    matmul_wq_tile,
     row_reduce,
     scalar_alu,
     select,
@@ -143,6 +146,65 @@ def _matmul_cached(m: Machine, a: tuple) -> None:
     c[...] = (c + part) if acc else part
 
 
+def _qparam_tile(m: Machine, what: str, addr: int, rows: int, cols: int, dtype: str) -> np.ndarray:
+    """The dense (rows, cols) tile of ``dtype`` at SRAM ``addr`` read through a QParam pointer
+    (packed rows start on a byte); Fault when it leaves SRAM."""
+    row_bytes = nbytes(dtype, cols)
+    hi = addr + rows * row_bytes
+    if hi > m.sram.size:
+        raise Fault(f"SRAM overflow: {what} bytes [{addr:#x}, {hi:#x}) exceed SRAM of {m.sram.size:#x} bytes")
+    raw = np.ndarray((rows, row_bytes), dtype=_U8, buffer=m.sram, offset=addr, strides=(row_bytes, 1))
+    if dtype in PACKED:
+        return unpack4(raw, dtype, cols)
+    return raw.view(NUMPY_DTYPES[dtype]).reshape(rows, cols)
+
+
+def _matmul_w4a16(m: Machine, a: tuple) -> None:
+    A, B, C, trans_b, acc, a_dtype, w_dtype, s_dtype = a
+    s = m.sram
+    _, _, _, zp_ptr, scale_ptr, group = m.qparams
+    n, k = (B[1], B[2]) if trans_b else (B[2], B[1])
+    groups = -(-k // group) if group else 1
+    shape = (n, groups) if trans_b else (groups, n)
+    scale = _qparam_tile(m, "scale tile", scale_ptr, *shape, s_dtype)
+    zp = _qparam_tile(m, "zero-point tile", zp_ptr, *shape, w_dtype) if zp_ptr else None
+    part = matmul_wq_tile(_get(s, A), _get(s, B), scale, zp, group, bool(trans_b), a_dtype)
+    c = view(s, *C[:6])
+    c[...] = (c + part) if acc else part
+
+
+def _vdequant(m: Machine, a: tuple) -> None:
+    S, D, in_dtype, out_dtype, s_dtype = a
+    s = m.sram
+    _, _, _, zp_ptr, scale_ptr, group = m.qparams
+    rows, cols = S[1], S[2]
+    groups = -(-cols // group) if group else 1
+    scale = _qparam_tile(m, "scale tile", scale_ptr, rows, groups, s_dtype)
+    zp = _qparam_tile(m, "zero-point tile", zp_ptr, rows, groups, in_dtype) if zp_ptr else None
+    _put(s, D, dequantize_weight(_get(s, S), scale, zp, group, True, out_dtype))
+
+
+def _qa(m: Machine, a: tuple) -> None:
+    A, B, C, trans_b, acc, q_dtype = a
+    s = m.sram
+    scale_a, scale_w, scale_o, zp_ptr, scale_ptr, _ = m.qparams
+    n = B[1] if trans_b else B[2]
+    za = (
+        _qparam_tile(m, "zero point", zp_ptr, 1, 1, q_dtype).reshape(())
+        if zp_ptr
+        else np.zeros((), NUMPY_DTYPES[q_dtype])
+    )
+    sw = (
+        _qparam_tile(m, "scale tile", scale_ptr, 1, n, "f32").reshape(n) if scale_ptr else np.float32(scale_w)
+    )
+    with np.errstate(all="ignore"):
+        scale = np.divide(np.asarray(sw, np.float32), np.float32(scale_o), dtype=np.float32)
+    b = _get(s, B)
+    part = matmul_qa_tile(_get(s, A), b.T if trans_b else b, scale_a, za, q_dtype, scale)
+    c = view(s, *C[:6])
+    c[...] = (c + part) if acc else part
+
+
 def _prepared(w: np.ndarray, slot: list | None, s: np.ndarray) -> np.ndarray:
     if slot is not None:  # a copy when it is a view of SRAM (an f32 contiguous operand)
         slot[0] = w.copy() if np.may_share_memory(w, s) else w
@@ -215,6 +277,9 @@ def _dma_check(m: Machine, a: tuple) -> None:
 DESTINATION = {_matmul: 2, _vbin: 3, _vbini: 4, _vun: 2, _vred: 2, _vsel: 2, _fill0: 0, _transpose: 1}
 SOURCES = {_matmul: (0, 1), _vbin: (1, 2), _vbini: (1,), _vun: (1,), _vred: (1,), _vsel: (0, 1, 2)}
 SOURCES.update({_fill0: (), _transpose: (0,)})
+DESTINATION[_matmul_w4a16], SOURCES[_matmul_w4a16] = 2, (0, 1)
+DESTINATION[_vdequant], SOURCES[_vdequant] = 1, (0,)
+DESTINATION[_qa], SOURCES[_qa] = 2, (0, 1)
 LOAD, STORE, GATHER, MATMUL, SETR, TRAP, NOP = _load, _store, _gather, _matmul, _setr, _trap, _nop
 _TIMING_TWINS = {_load: _dma_check, _store: _dma_check, _setr: _setr, _trap: _trap, _nop: _nop}
 _TIMING_TWINS.update({_salu: _salu, _setq: _setq})  # register writes: run-time extents follow them
@@ -326,6 +391,58 @@ def compile_matmul(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler
     if i.k == 0:  # an empty product: C = 0 (or unchanged when accumulating)
         return (_nop, ()) if i.acc else (_fill0, (C,))
     return _matmul, (A, B, C, i.trans_b, i.acc)
+
+
+_SCALE_DTYPES = frozenset({"f16", "bf16", "f32"})
+_CODE_DTYPES = frozenset({"i4", "u4", "i8", "u8"})
+
+
+def compile_matmul_w4a16(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
+    if i.in_dtype not in target.mac.macs_per_cycle or i.in_dtype not in _SCALE_DTYPES:
+        raise Fault(f"illegal instruction: target {target.name} has no matmul rate for {i.in_dtype}")
+    if i.w_dtype not in _CODE_DTYPES or i.s_dtype not in _SCALE_DTYPES:
+        raise Fault(f"illegal instruction: matmul_w4a16 with w_dtype {i.w_dtype}, s_dtype {i.s_dtype}")
+    A = b.operand("A", i.a, i.m, i.k, i.a_stride, 0, i.in_dtype)
+    rows, cols = (i.n, i.k) if i.trans_b else (i.k, i.n)
+    B = b.operand("B", i.b, rows, cols, i.b_stride, 0, i.w_dtype)
+    C = b.operand("C", i.c, i.m, i.n, i.c_stride, 0, "f32")
+    if i.m == 0 or i.n == 0:
+        return _nop, ()
+    if i.k == 0:
+        return (_nop, ()) if i.acc else (_fill0, (C,))
+    return _matmul_w4a16, (A, B, C, i.trans_b, i.acc, i.in_dtype, i.w_dtype, i.s_dtype)
+
+
+# unsigned codes multiply at their signed width's rate
+MAC_RATE_DTYPE = {"u8": "i8", "u4": "i4"}
+_QA_DTYPES = {"vmmul.q4f8": ({"i4"}, {"f8e4m3fn"}), "matmul_i8": ({"i8", "u8"}, {"i8", "i4"})}
+
+
+def compile_qa(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
+    qs, ws = _QA_DTYPES[i.op]
+    if i.in_dtype not in _SCALE_DTYPES or i.q_dtype not in qs or i.w_dtype not in ws:
+        dts = f"in_dtype {i.in_dtype}, q_dtype {i.q_dtype}, w_dtype {i.w_dtype}"
+        raise Fault(f"illegal instruction: {i.op} with {dts}")
+    for dt in (i.q_dtype, i.w_dtype):
+        if MAC_RATE_DTYPE.get(dt, dt) not in target.mac.macs_per_cycle:
+            raise Fault(f"illegal instruction: target {target.name} has no matmul rate for {dt}")
+    A = b.operand("A", i.a, i.m, i.k, i.a_stride, 0, i.in_dtype)
+    rows, cols = (i.n, i.k) if i.trans_b else (i.k, i.n)
+    B = b.operand("B", i.b, rows, cols, i.b_stride, 0, i.w_dtype)
+    C = b.operand("C", i.c, i.m, i.n, i.c_stride, 0, "f32")
+    if i.m == 0 or i.n == 0:
+        return _nop, ()
+    if i.k == 0:
+        return (_nop, ()) if i.acc else (_fill0, (C,))
+    return _qa, (A, B, C, i.trans_b, i.acc, i.q_dtype)
+
+
+def compile_vdequant(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
+    if i.in_dtype not in _CODE_DTYPES or i.s_dtype not in _SCALE_DTYPES or i.out_dtype not in _SCALE_DTYPES:
+        raise Fault(f"illegal instruction: vdequant {i.in_dtype} -> {i.out_dtype} with s_dtype {i.s_dtype}")
+    S = b.operand("src", i.src, i.rows, i.cols, i.src_stride, 0, i.in_dtype)
+    D = b.operand("dst", i.dst, i.rows, i.cols, i.dst_stride, 0, i.out_dtype)
+    return _vdequant, (S, D, i.in_dtype, i.out_dtype, i.s_dtype)
 
 
 def compile_vbin(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:

@@ -217,7 +217,7 @@ def from_program(program: Program, source: str = "<program>") -> LoadedProgram:
         else:
             fn, args = numeric.guard(instr, target, idx, fn, args)
         mnemonics.append(instr.op)
-        mac_dtype.append(instr.in_dtype if instr.op == "matmul" else None)
+        mac_dtype.append(_mac_dtype(instr))
         dma = instr.op in ("load", "store", "gather")
         recs.append(
             (instr.engine, _mask(instr.wait), _mask(instr.signal), fn, args, busy, cost.tail, dma, ())
@@ -379,3 +379,12 @@ def _check_memory_map(p: LoadedProgram) -> list[tuple[int, int, int]]:
             f"{len(p.program.constants)}-byte CNST section"
         )
     return places
+
+
+def _mac_dtype(instr) -> str | None:
+    """The dtype whose MAC rate an instruction runs at (the profile's roofline), None if no MACs."""
+    if instr.op in ("matmul", "matmul_w4a16"):
+        return instr.in_dtype
+    if instr.op in ("vmmul.q4f8", "matmul_i8"):
+        return {"u8": "i8"}.get(instr.q_dtype, instr.q_dtype)
+    return None

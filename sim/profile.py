@@ -46,7 +46,7 @@ def build_profile(p: LoadedProgram, entry: str, order: range, issue: list, done:
     main_dtype = max(macs_by_dtype, key=macs_by_dtype.get) if macs_by_dtype else "f16"
     # The MAC array's real occupancy: matmul instructions pay for whole row passes, partly filled
     # column tiles and weight ingestion (docs/timing.md), so useful MACs alone understate it.
-    is_mm = np.asarray(p.mnemonics[sl]) == "matmul"
+    is_mm = np.isin(np.asarray(p.mnemonics[sl]), ("matmul", "matmul_w4a16", "vmmul.q4f8", "matmul_i8"))
     array_cycles = int(busy[is_mm].sum()) if n else 0
     roofline = {
         "achieved_macs_per_cycle": macs / cycles if cycles else 0.0,

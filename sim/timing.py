@@ -13,8 +13,9 @@ The model (docs/simulator.md, "How cycles are counted", is the definition):
   have completed (a signal releases all its engine did before it).
 * DMA (load, store, gather): transfer = ceil(bytes / dram_bytes_per_cycle); the channel and the
   engine are busy for the transfer; completion = issue + transfer + dram_latency_cycles.
-* matmul (``matmul_cost``): busy = max(MAC passes over the rows actually present, B bytes /
-  weight_bytes_per_cycle); completion = issue + busy + stream_latency (m <= stream_max_rows,
+* matmul (``matmul_cost``; ``matmul_w4a16_cost`` with the codes' packed bytes as B): busy =
+  max(MAC passes over the rows actually present, B bytes / weight_bytes_per_cycle);
+  completion = issue + busy + stream_latency (m <= stream_max_rows,
   the weight-streaming path) or + pipeline_latency (the array's fill and drain).  Vector ops:
   busy = ceil(elements / lanes[in_dtype]), completion = issue + busy + latency (special
   functions use sfu_lanes; vsel and vtopk use their dtype, transpose the unsigned type of its
@@ -79,18 +80,43 @@ def matmul_cost(i: Instr | Decoded, target: Any) -> Cost:
     * busy = max(MAC passes, weight ingestion); tail = stream_latency when m <= stream_max_rows
       (the weight-streaming path), else pipeline_latency (the array's fill and drain).
     """
+    return _array_cost(i.m, i.n, i.k, i.in_dtype, _elem_bytes(i.in_dtype, i.k * i.n), target)
+
+
+def matmul_w4a16_cost(i: Instr | Decoded, target: Any) -> Cost:
+    """matmul_w4a16: ``matmul_cost`` at the MAC rate of the activations' dtype, the array ingesting
+    the weight codes' bytes (packed for 4-bit): the bytes that stream, not the dequantized weights.
+    The scales and zero points feed the dequantizer beside the array (read through the QParam
+    pointers, a run-time value): their DRAM bytes are counted by the loads that bring them."""
+    return _array_cost(i.m, i.n, i.k, i.in_dtype, _elem_bytes(i.w_dtype, i.k * i.n), target)
+
+
+_RATE_DTYPE = {"u8": "i8", "u4": "i4"}  # unsigned codes multiply at their signed width's rate
+
+
+def qa_cost(i: Instr | Decoded, target: Any) -> Cost:
+    """vmmul.q4f8 / matmul_i8: ``matmul_cost`` at the slower MAC rate of the activation codes and
+    the weight codes, the array ingesting the codes' bytes (int4 packed, int8 and fp8 one byte)."""
+    rates = target.mac.macs_per_cycle
+    q, w = (_RATE_DTYPE.get(d, d) for d in (i.q_dtype, i.w_dtype))
+    if q not in rates or w not in rates:
+        return Cost(1, 0, 0, 0, 0)
+    slower = q if rates[q] <= rates[w] else w
+    return _array_cost(i.m, i.n, i.k, slower, _elem_bytes(i.w_dtype, i.k * i.n), target)
+
+
+def _array_cost(m: int, n: int, k: int, in_dtype: str, b_bytes: float, target: Any) -> Cost:
     mac = target.mac
-    rate = mac.macs_per_cycle.get(i.in_dtype)
+    rate = mac.macs_per_cycle.get(in_dtype)
     if rate is None:  # traps when executed (execute.compile_instr); cost is irrelevant
         return Cost(1, 0, 0, 0, 0)
-    m, n, k = i.m, i.n, i.k
     if m == 0 or n == 0 or k == 0:
         return Cost(1, 0, 0, 0, 0)
     rows, cols = mac.array_rows, mac.array_cols
     passes = math.ceil(m / rows)
     steps = k if m >= rows else math.ceil(k / (rows // m))
     compute = passes * math.ceil(n / cols) * steps * rows * cols / rate
-    ingest = passes * _elem_bytes(i.in_dtype, k * n) / mac.weight_bytes_per_cycle
+    ingest = passes * b_bytes / mac.weight_bytes_per_cycle
     busy = max(1, math.ceil(max(compute, ingest)))
     tail = mac.stream_latency if m <= mac.stream_max_rows else mac.pipeline_latency
     return Cost(busy, tail, m * n * k, 0, 0)
@@ -105,6 +131,8 @@ def vector_cost(i: Instr | Decoded, target: Any) -> Cost:
         lanes = target.vector_lanes_for(i.dtype)
     elif op == "transpose":
         lanes = target.vector_lanes_for(_TRANSPOSE_LANES.get(i.elem_bytes, "i8"))
+    elif op == "vdequant":  # computed in f32, written as out_dtype
+        lanes = target.vector_lanes_for(i.out_dtype)
     else:
         lanes = target.vector_lanes_for(i.in_dtype)
     passes = max(i.topk_k, 1) if op == "vtopk" else 1  # vtopk: a selection network, k passes
@@ -152,17 +180,20 @@ def _raw_region(addr: int, rows: int, width: int, step: int) -> Region | None:
 def sram_regions(i: Instr | Decoded) -> tuple[tuple[Region, ...], tuple[Region, ...]]:
     """(reads, writes): the SRAM regions an EX instruction reads and writes (empty for others)."""
     op = i.op
-    if op == "matmul":
+    if op in ("matmul", "matmul_w4a16", "vmmul.q4f8", "matmul_i8"):
         dt = i.in_dtype
         a = _region(i.a, i.m, i.k, i.a_stride, 0, dt)
         b_rows, b_cols = (i.n, i.k) if i.trans_b else (i.k, i.n)
-        b = _region(i.b, b_rows, b_cols, i.b_stride, 0, dt)
+        b = _region(i.b, b_rows, b_cols, i.b_stride, 0, dt if op == "matmul" else i.w_dtype)
         c = _region(i.c, i.m, i.n, i.c_stride, 0, "f32")
         reads, writes = [a, b, c if i.acc else None], [c]
     elif op in ("vbin", "vbini"):
         reads = [_region(i.src0, i.rows, i.cols, i.s0_stride, i.s0_bcast, i.in_dtype)]
         if op == "vbin":
             reads.append(_region(i.src1, i.rows, i.cols, i.s1_stride, i.s1_bcast, i.in_dtype))
+        writes = [_region(i.dst, i.rows, i.cols, i.dst_stride, 0, i.out_dtype)]
+    elif op == "vdequant":
+        reads = [_region(i.src, i.rows, i.cols, i.src_stride, 0, i.in_dtype)]
         writes = [_region(i.dst, i.rows, i.cols, i.dst_stride, 0, i.out_dtype)]
     elif op == "vun":
         reads = [_region(i.src, i.rows, i.cols, i.src_stride, i.src_bcast, i.in_dtype)]

@@ -16,9 +16,9 @@ the scale carries the sign (negative when the extreme is positive).
 
 The scale is computed in f32, stored in ``scale_dtype`` (f16/bf16: rounded up in magnitude, so the
 grid still covers the group's range) and the codes are computed from the stored scale, so
-``dequantize()`` is the best reconstruction the stored numbers allow.  A group whose stored
-scale would be 0 (all-zero group, or a range below the scale dtype's resolution) gets the dtype's
-smallest normal scale instead: every scale is finite and non-zero.
+``dequantize()`` is the best reconstruction the stored numbers allow.  An all-zero group gets the
+dtype's smallest normal scale (its codes dequantize to exact zeros); a range below the dtype's
+resolution rounds up to its smallest subnormal: every scale is finite and non-zero.
 
 Two rounding modes, both through ``round_to_int``:
 * ``half_even`` (default): ONNX QuantizeLinear's arithmetic, ``q = rint(w / scale) + zp`` (the f32
@@ -150,20 +150,24 @@ class QuantizedWeight:
         return bits / (k * n)
 
 
-def round_to_int(x, mode: str = "half_even") -> np.ndarray:
+def round_to_int(x, mode: str = "half_even", out: np.ndarray | None = None) -> np.ndarray:
     """``x`` rounded to integral values (same float dtype; callers clip, then cast).
 
     ``half_even``: ties to the even neighbour (numpy ``rint``, ONNX QuantizeLinear).
     ``half_away``: ties away from zero (C ``roundf``, ONNX Runtime's block quantizer).
-    NaN stays NaN.
+    NaN stays NaN.  ``out``: an array to round into (``x`` itself for in place).
     """
     x = np.asarray(x)
     if mode == "half_even":
-        return np.rint(x)
+        return np.rint(x, out=out)
     if mode == "half_away":
         t = np.trunc(x)
         frac = x - t  # exact: x and trunc(x) share the exponent range
-        return np.where(np.abs(frac) >= 0.5, t + np.sign(x), t)
+        r = np.where(np.abs(frac) >= 0.5, t + np.sign(x), t)
+        if out is None:
+            return r
+        out[...] = r
+        return out
     raise ValueError(f"rounding must be one of {', '.join(ROUNDING_MODES)}, got {mode!r}")
 
 
@@ -245,8 +249,10 @@ def quantize_float(w: np.ndarray, s32: np.ndarray, zp: np.ndarray | None, spec: 
     ``w``, clipped to the spec's range; the arithmetic of ``spec.rounding`` (module docstring)."""
     if spec.rounding == "half_away":
         z = F32(1 << (spec.bits - 1)) if zp is None else zp.astype(F32)
-        with np.errstate(divide="ignore"):
+        with np.errstate(divide="ignore", over="ignore"):
             recip = np.divide(F32(1), s32, dtype=F32)
+        # a subnormal scale's reciprocal overflows: saturate it, so 0 * recip stays 0 (not NaN)
+        recip = np.nan_to_num(recip, posinf=np.finfo(F32).max, neginf=-np.finfo(F32).max)
         u = np.multiply(w, recip, dtype=F32)
         u += z
         u = round_to_int(u, "half_away")
@@ -255,7 +261,7 @@ def quantize_float(w: np.ndarray, s32: np.ndarray, zp: np.ndarray | None, spec: 
             u -= F32(1 << (spec.bits - 1))
         return u
     q = np.divide(w, s32, dtype=F32)
-    np.rint(q, out=q)  # round_to_int's half_even, in place
+    round_to_int(q, "half_even", out=q)
     if zp is not None:
         q += zp.astype(F32)
     return np.clip(q, spec.qmin, spec.qmax, out=q)

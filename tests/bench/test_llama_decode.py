@@ -42,3 +42,29 @@ def test_measure_runs_the_step_against_its_roofline(tmp_path):
     # it moves at least the roofline's bytes (plus the activations between kernels)
     assert r["dram_bytes"] >= r["roofline_bytes"]
     assert np.isclose(r["roofline_cycles"], r["roofline_bytes"] / 1555e9 * 1410e6)
+
+
+def test_w4a16_decode_step_compiles_to_quantized_instructions(tmp_path):
+    """weight_bits=4: every projection, the LM head and the embedding are int4 (opset-21 blocked
+    DequantizeLinear); the step compiles to matmul_w4a16 / vdequant, stores the packed codes and
+    matches ONNX Runtime on the same int4 model."""
+    from dataclasses import replace
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+    from e2e_util import compile_and_run, norm_max_err
+
+    cfg = replace(TINY, weight_bits=4)
+    model = llama_decode_step(cfg)
+    onnx.checker.check_model(model)
+    rng = np.random.default_rng(0)
+    inputs = {"input_ids": np.array([[5]], np.int64), "position_ids": np.array([[16]], np.int64)}
+    for li in range(cfg.layers):
+        for kind in ("key", "value"):
+            inputs[f"past_{kind}_{li}"] = rng.standard_normal((1, 2, 16, 16)).astype(np.float16)
+    sim, _, ref, result = compile_and_run(tmp_path, model, inputs, qat_config="fp16.yaml", dims={"past": 16})
+    names = [op.name for op in result.module.main.ops]
+    assert names.count("mcp.matmul_w4a16") == 7 * cfg.layers + 1 and names.count("mcp.dequantize") == 1
+    assert norm_max_err(sim["logits"].astype(np.float32), ref["logits"].astype(np.float32)) < 1e-2
+    f16 = compile_and_run(tmp_path, llama_decode_step(TINY), inputs, qat_config="fp16.yaml",
+                          dims={"past": 16}, name="f16")[3]  # fmt: skip
+    assert result.program.constants and len(result.program.constants) < 0.45 * len(f16.program.constants)

@@ -108,7 +108,8 @@ def test_sensitivity_orders_layers_by_their_output_error():
     more sensitive than the same model's other layers, and a threshold between them splits them."""
     from mcpc.ir.onnx_import import import_onnx
     from mcpc.passes.calibration import CalibrationData
-    from mcpc.passes.quantize_weights import find_layers, measure_sensitivity
+    from mcpc.passes.quantize_weights import find_layers
+    from mcpc.passes.sensitivity import measure_sensitivity
     from mcpc.qat_configs import load_config
 
     func = import_onnx(tiny_lm()).main

@@ -35,6 +35,14 @@ SAMPLES = {
         [t(2, 4, 8, dtype=F16), t(6, 8, dtype=F16)],
         {"trans_b": True, "tile": [2, 3, 4], "out": F32},
     ),
+    "mcp.matmul_w4a16": (
+        [t(2, 3, 64, dtype=F16), t(64, 6, dtype=I4), t(2, 6, dtype=F16), t(2, 6, dtype=I4)],
+        {"group_size": 32, "tile": [2, 6, 32], "out": F32},
+    ),
+    "mcp.matmul_qa": (
+        [t(2, 3, 64, dtype=F16), t(6, 64, dtype=I4), t(6), t(1, dtype=U8)],
+        {"scale_a": 0.25, "trans_b": True, "tile": [2, 6, 32], "out": F32},
+    ),
     "mcp.softmax": ([t(2, 5)], {"axis": 0}),
     "mcp.log_softmax": ([t(2, 5, dtype=F16)], {"axis": -1}),
     "mcp.layer_norm": ([t(2, 3, 4), t(3, 4), t(3, 4)], {"axis": 1, "epsilon": 1e-6}),

@@ -98,10 +98,12 @@ def test_matches_onnxruntime(qtype, shape, sshape, axis, block, ort_run):
         q_ref, d_ref = ref["q"], ref["d"]
     assert np.array_equal(_bits(ours["q"]), _bits(q_ref))
     assert np.array_equal(ours["d"], d_ref)
-    # all-constant: the importer evaluates both nodes (the folding path), same bits
+    # all-constant: the importer evaluates QuantizeLinear (the folding path) and keeps the widening
+    # DequantizeLinear of the constant codes (compressed weights stay compressed), same bits
     folded, _ = _qdq_model(qtype, shape, sshape, axis, block, x_init=True)
     consts = import_onnx(folded)
-    assert not any(op.name.endswith("quantize") for op in consts.main.ops)
+    assert [op.name for op in consts.main.ops if op.name.endswith("quantize")] == ["mcp.dequantize"]
+    np.testing.assert_allclose(interpret(consts, {})["d"], ReferenceEvaluator(folded).run(["d"], {})[0])
 
 
 def test_without_zero_point_quantizes_to_uint8_opset13(ort_run):
@@ -217,7 +219,9 @@ def _const(func, arr):
     return func.append(ConstantOp([], {"value": arr})).result
 
 
-def test_fold_constants_folds_quantize_and_dequantize():
+def test_fold_constants_folds_quantize_but_keeps_widening_dequantize():
+    """Quantizing a constant folds (it narrows); dequantizing constant int4 codes to f32 would store
+    the weight 8x larger, so it stays a run-time op (the backend fuses it into its matmul)."""
     module = Module("m")
     func = module.add_function(Function("main", [], []))
     w = _rng.standard_normal((4, 6)).astype(np.float32)
@@ -228,13 +232,27 @@ def test_fold_constants_folds_quantize_and_dequantize():
     func.append(ReturnOp([q.result, d.result]))
     func.result_names = ["q", "d"]
     expect = interpret(module, {})
-    assert fold_function(func) == 2
+    assert fold_function(func) == 1
     module.verify()
-    assert not any(isinstance(op, (QuantizeOp, DequantizeOp)) for op in func.ops)
+    assert not any(isinstance(op, QuantizeOp) for op in func.ops)
+    assert [type(op) for op in func.ops if isinstance(op, DequantizeOp)] == [DequantizeOp]
     got = interpret(module, {})
     assert got["q"].dtype == ml_dtypes.int4 and np.array_equal(got["q"], expect["q"])
     assert np.array_equal(got["d"], expect["d"])
     assert np.array_equal(expect["d"], nx.dequantize(expect["q"], np.float32(0.25), z[0, 0], "f32"))
+
+
+def test_fold_constants_folds_dequantize_that_does_not_widen():
+    """An i32 bias dequantized to f32 (ONNX Runtime's quantize_static) takes the same bytes: folded."""
+    module = Module("m")
+    func = module.add_function(Function("main", [], []))
+    b = np.arange(-3, 3, dtype=np.int32)
+    s, z = _const(func, np.array(0.5, np.float32)), _const(func, np.array(0, np.int32))
+    d = func.append(DequantizeOp([_const(func, b), s, z]))
+    func.append(ReturnOp([d.result]))
+    func.result_names = ["d"]
+    assert fold_function(func) == 1
+    assert interpret(module, {})["d"].tolist() == (b * 0.5).tolist()
 
 
 def test_evaluate_op_matches_numerics_per_axis():

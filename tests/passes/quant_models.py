@@ -13,10 +13,10 @@ def tiny_lm(vocab: int = 50, hidden: int = 64, ffn: int = 80, seq: int = 8, seed
     head.  ``ffn`` not a multiple of 32 gives W2 a short last group."""
     rng = np.random.default_rng(seed)
     inits = {
-        "E": rng.standard_normal((vocab, hidden)).astype(np.float32) * 0.5,
-        "W1": rng.standard_normal((hidden, ffn)).astype(np.float32) / np.sqrt(hidden),
-        "b1": rng.standard_normal(ffn).astype(np.float32) * 0.1,
-        "W2": rng.standard_normal((ffn, hidden)).astype(np.float32) / np.sqrt(ffn),
+        "E": rng.standard_normal((vocab, hidden)).astype(np.float32) * np.float32(0.5),
+        "W1": (rng.standard_normal((hidden, ffn)) / np.sqrt(hidden)).astype(np.float32),
+        "b1": rng.standard_normal(ffn).astype(np.float32) * np.float32(0.1),
+        "W2": (rng.standard_normal((ffn, hidden)) / np.sqrt(ffn)).astype(np.float32),
     }
     nodes = [
         helper.make_node("Gather", ["E", "ids"], ["h0"], name="embed"),

@@ -205,3 +205,22 @@ def test_dedupe_confirms_bytes_on_a_hash_match(monkeypatch):
     x = np.array([0.5, -1.0], np.float32)
     want = x - np.array([3, 8], np.float32) - np.array([1, 2], np.float32)
     np.testing.assert_array_equal(interpret(module, {"x": x})["y"], want)
+
+
+def test_equal_bytes_of_different_sub_byte_dtypes_are_not_merged():
+    """int4, uint4 and fp8 e4m3fn zeros are all numpy '<V1' with the same bytes: three constants."""
+    import ml_dtypes
+
+    from mcpc.ir import Function, Module
+    from mcpc.ir.ops import ConstantOp, ReturnOp
+    from mcpc.passes.fold_constants import fold_function
+
+    module = Module("m")
+    func = module.add_function(Function("main", [], []))
+    values = [np.zeros((), t) for t in (ml_dtypes.int4, ml_dtypes.uint4, ml_dtypes.float8_e4m3fn)]
+    results = [func.append(ConstantOp([], {"value": v})).result for v in values]
+    func.append(ReturnOp(results))
+    func.result_names = ["a", "b", "c"]
+    fold_function(func)
+    module.verify()
+    assert [op.value.dtype for op in func.ops if isinstance(op, ConstantOp)] == [v.dtype for v in values]
