@@ -22,6 +22,7 @@ from mcpc.backend.lower_matmul import epilogue_sram_bytes, matmul_kernel
 from mcpc.backend.lower_state import host_register_records, register_kernel
 from mcpc.backend.lowering import LoweringContext, load_lowerings, lowering_for
 from mcpc.backend.memory import ALIAS_OPS, plan_dram
+from mcpc.backend.residency import ResidentPlan, forward, plan_residents
 from mcpc.backend.schedule import Kernel, schedule_with_debug
 from mcpc.errors import DoesNotFit, PassError, UnsupportedError, does_not_fit
 from mcpc.ir.ops import ConstantOp, HostRegOp, MatMulOp, ReturnOp, ScalarOp
@@ -50,15 +51,20 @@ class BackendOptions:
     npu-schedule pass option), default True.  ``fuse_epilogue``: elementwise ops consuming a
     matmul's result alone are computed on its output tiles in SRAM (``backend/fusion.py``)
     instead of in kernels of their own (False: one kernel per op, for comparison); None follows
-    ``module.attrs["fuse_epilogue"]`` (the npu-schedule pass option), default True.  None of the
-    three changes bits.  ``precision`` overrides what META records (default:
-    ``module.attrs["precision"]``); the check tolerances (``max_norm_err``, ``min_cosine``,
-    ``min_top1``, ``rtol``, ``atol``; mcpc.check) that are set replace the precision's defaults;
+    ``module.attrs["fuse_epilogue"]`` (the npu-schedule pass option), default True.
+    ``keep_in_sram``: intermediates that fit a resident area of SRAM are copied there by their
+    producer and read on chip by later kernels instead of reloaded from DRAM
+    (``backend/residency.py``; False: every kernel reloads its operands from DRAM); None follows
+    ``module.attrs["keep_in_sram"]``, default True.  None of the four changes bits.
+    ``precision`` overrides what META records (default: ``module.attrs["precision"]``); the check
+    tolerances (``max_norm_err``, ``min_cosine``, ``min_top1``, ``rtol``, ``atol``; mcpc.check)
+    that are set replace the precision's defaults;
     ``passes`` and ``source_model`` are recorded in META as given."""
 
     double_buffer: bool | None = None
     prefetch: bool | None = None
     fuse_epilogue: bool | None = None
+    keep_in_sram: bool | None = None
     precision: str | None = None
     max_norm_err: float | None = None
     min_cosine: float | None = None
@@ -144,6 +150,9 @@ def compile_to_program(
     prefetch = opts.prefetch
     if prefetch is None:
         prefetch = bool(module.attrs.get("prefetch", True))
+    keep = opts.keep_in_sram
+    if keep is None:
+        keep = bool(module.attrs.get("keep_in_sram", True))
     ctx = LoweringContext(target, em, double_buffer, plan.placements, plan.constants, globals=plan.globals)
     text: list[Instr] = []
     debug: list[dict] = []
@@ -151,9 +160,17 @@ def compile_to_program(
     for fn in module.functions.values():
         ctx.registers = {}
         prologue = register_kernel(module, fn, ctx)
-        kernels = [prologue] if prologue is not None else []
-        kernels += _lower_function(fn, ctx, prefetch, fusion[fn.name])
-        instrs, dbg = schedule_with_debug(kernels, prefetch, persistent_ranges(plan.regions))
+        residents = ResidentPlan()
+        if keep:
+            reserve = resident_reserve(fn, target, slots, fusion[fn.name])
+            residents = plan_residents(fn, plan.placements, fusion[fn.name].positions, ctx.align, reserve)
+        kernels, kpos = _lower_with_residents(fn, ctx, prefetch, keep, fusion[fn.name], residents)
+        if prologue is not None:  # sets the registers before every op (position -1)
+            kernels, kpos = [prologue, *kernels], [-1, *kpos]
+        regions = persistent_ranges(plan.regions)
+        forward(kernels, kpos, residents, em, regions)
+        ctx.sram_peak = max(ctx.sram_peak, residents.size)
+        instrs, dbg = schedule_with_debug(kernels, prefetch, regions, early_compute=keep)
         instrs.append(Instr("halt", {}))
         dbg.append(None)
         entries.append({"name": fn.name, "start": len(text), "count": len(instrs)})
@@ -175,6 +192,7 @@ def compile_to_program(
         "double_buffer": double_buffer,
         "prefetch": prefetch,
         "fuse_epilogue": fuse,
+        "keep_in_sram": keep,
     }
     memory_map = {
         "dram_size": plan.size,
@@ -209,25 +227,66 @@ def fusion_plan(fn: Any, target: Any, slots: tuple[int, int]) -> FusionPlan:
     return plan_fusion(fn, heads, fits)
 
 
-def _lower_function(fn: Any, ctx: LoweringContext, prefetch: bool, fusion: FusionPlan) -> list[Kernel]:
+def _lower_with_residents(
+    fn: Any, ctx: LoweringContext, prefetch: bool, keep: bool, fusion: FusionPlan, residents: ResidentPlan
+) -> tuple[list[Kernel], list[int]]:
+    """Lower ``fn`` in the SRAM above the resident area; if an op does not fit there, the
+    function is lowered again without resident values (the whole scratchpad for its kernels)."""
+    size = ctx.sram_budget
+    counts = ctx.emitter.counts.copy()
+    ctx.sram_base, ctx.sram_budget = residents.size, size - residents.size
+    try:
+        return _lower_function(fn, ctx, "ring" if keep and prefetch else prefetch, fusion)
+    except PassError:  # DoesNotFit, or a fixed tile too big for the SRAM left
+        if not residents.size:
+            raise
+        ctx.emitter.counts = counts
+        residents.size, residents.values = 0, []
+        ctx.sram_base, ctx.sram_budget = 0, size
+        return _lower_function(fn, ctx, "ring" if keep and prefetch else prefetch, fusion)
+    finally:
+        ctx.sram_base, ctx.sram_budget = 0, size
+
+
+def resident_reserve(fn: Any, target: Any, slots: tuple[int, int], fusion: FusionPlan) -> int:
+    """SRAM bytes the resident area of ``fn`` may take: a quarter of the scratchpad, less if a
+    matmul's fixed tile (with its epilogue) needs more of the rest."""
+    size, align = int(target.sram.size_bytes), int(target.sram.bank_bytes)
+    need = 0
+    for op in fn.ops:
+        if isinstance(op, MatMulOp) and op.result.type.numel > 0 and op.operands[0].type.shape[-1] > 0:
+            group = fusion.groups.get(op)
+            need = max(need, epilogue_sram_bytes(op, group.epilogue if group else (), slots, align))
+    return max(0, min(size // 4, size - need) // align * align)
+
+
+def _lower_function(
+    fn: Any, ctx: LoweringContext, prefetch: bool | str, fusion: FusionPlan
+) -> tuple[list[Kernel], list[int]]:
+    """The kernels of ``fn`` in order, and each kernel's op position (``fusion.positions``)."""
     kernels: list[Kernel] = []
+    kpos: list[int] = []
+    index = {op: i for i, op in enumerate(fn.ops)}
     for op in fn.ops:
         if isinstance(op, _NO_CODE) or op in fusion.absorbed:
             continue
         group = fusion.groups.get(op)
+        pos = fusion.positions.get(op, index[op])
         if group is not None:
             counts = ctx.emitter.counts.copy()
             try:  # the fused kernel; its ops one by one if it cannot be built
                 _lower_op(op, lambda o, c, e=group.epilogue: matmul_kernel(o, c, e), ctx, prefetch, kernels)
+                kpos += [pos] * (len(kernels) - len(kpos))
                 continue
             except PassError:
                 ctx.emitter.counts = counts
         for member in group.ops if group is not None else (op,):
             _lower_op(member, lowering_for(member), ctx, prefetch, kernels)
-    return kernels
+            kpos += [fusion.positions.get(member, index[member])] * (len(kernels) - len(kpos))
+    return kernels, kpos
 
 
-def _lower_op(op: Any, lower: Any, ctx: LoweringContext, prefetch: bool, kernels: list[Kernel]) -> None:
+def _lower_op(op: Any, lower: Any, ctx: LoweringContext, prefetch: bool | str, kernels: list[Kernel]) -> None:
     """Lower ``op`` with ``lower`` into the next SRAM region; append its kernels to ``kernels``."""
     with ctx.emitter.node(op) as context:
         try:
@@ -271,15 +330,30 @@ def sram_regions(size: int, align: int, prev: tuple[int, int] | None) -> list[tu
     return [r for r in out if r[1] > 0]
 
 
-def _lower_in_region(op: Any, lower: Any, ctx: LoweringContext, prefetch: bool, prev: Kernel | None) -> Any:
-    """Lower ``op`` into the first region of ``sram_regions`` its kernels fit (a lowering that
-    does not fit its budget raises PassError, and the next, larger region is tried); without
-    prefetch, into the whole SRAM budget."""
+def ring_regions(size: int, align: int, prev: tuple[int, int] | None) -> list[tuple[int, int]]:
+    """SRAM regions ``(base, bytes)`` to try for a kernel following one that planned ``prev``
+    (None: the first kernel) when intermediates stay in SRAM: the space after the previous
+    kernel (unless less than an eighth of the scratchpad is left), then the whole scratchpad.
+    Kernels follow each other around the scratchpad like a ring, so a kernel's SRAM was last
+    used many kernels earlier: its loads (the next weights) start as far ahead as SRAM allows,
+    and its first compute seldom waits for a store still reading its bytes."""
+    cursor = 0 if prev is None else -(-(prev[0] + prev[1]) // align) * align
+    out = [(cursor, size - cursor)] if size - cursor >= size // 8 else []
+    return [*out, (0, size)]
+
+
+def _lower_in_region(
+    op: Any, lower: Any, ctx: LoweringContext, prefetch: bool | str, prev: Kernel | None
+) -> Any:
+    """Lower ``op`` into the first region of ``sram_regions`` (``ring_regions`` when ``prefetch``
+    is ``"ring"``) its kernels fit (a lowering that does not fit its budget raises PassError, and
+    the next, larger region is tried); without prefetch, into the whole SRAM budget."""
     base0, size = ctx.sram_base, ctx.sram_budget
     regions = [(base0, size)]
     if prefetch:
         prev_plan = (prev.sram_base - base0, prev.sram_bytes) if prev is not None else None
-        regions = [(base0 + b, n) for b, n in sram_regions(size, ctx.align, prev_plan)]
+        plan = ring_regions if prefetch == "ring" else sram_regions
+        regions = [(base0 + b, n) for b, n in plan(size, ctx.align, prev_plan)]
     counts = ctx.emitter.counts.copy()
     try:
         for n, (base, budget) in enumerate(regions):

@@ -62,6 +62,20 @@ for signal, ``known`` only grows, and a load that pops an intra-kernel release t
 the earlier kernels have ended (an ST release: all of them; an EX release: those ending in a
 compute), so the boundary tokens interleave with the intra-kernel ones in FIFO order; every
 token pushed is popped.
+
+Early compute (``early_compute=True``, with prefetch: intermediates kept in SRAM,
+``backend/residency.py``).  No kernel is a barrier.  A step whose loads became on-chip copies
+keeps its input-slot rank (``Step.slot_in``: its slot is filled on EX, so only a later step that
+loads into it needs a release token), and likewise for left-out stores (``Step.slot_out``: a
+group's computes wait ST only when the step g - out_slots really stored).  A kernel's SRAM is a
+list of intervals; conflicts between two kernels count only where one of them touches the
+bytes with a load or store (EX against EX is ordered by the in-order EX queue).  A kernel whose
+first step has no loads has its first compute wait (ST -> EX) for the latest pending kernel
+ending in a store that conflicts with it (``ex_need``; ``ex_known`` tracks what EX has learnt,
+also from intra-kernel ST releases, keeping the ST -> EX tokens in FIFO order).  The end of a
+kernel ending in a compute implies only the kernels EX knew to have ended (``_End.implies``):
+a load waiting for such an end also waits for the latest conflicting store end it does not
+cover, and ``ex_floor`` records which compute ends the load queue has learnt of.
 """
 
 from __future__ import annotations
@@ -91,9 +105,24 @@ class Step:
     loads: list[Instr] = field(default_factory=list)
     computes: list[Instr] = field(default_factory=list)
     stores: list[Instr] = field(default_factory=list)
+    # The step owns an input slot although it has no loads: its data was moved in by its computes
+    # (a load forwarded from SRAM, ``backend/residency.py``); it keeps its rank among the slot steps.
+    slot_in: bool = False
+    # Likewise for an output slot whose stores were left out (the value stays in SRAM only).
+    slot_out: bool = False
 
     def __bool__(self) -> bool:
         return bool(self.loads or self.computes or self.stores)
+
+    @property
+    def uses_slot(self) -> bool:
+        """Whether the step has an input-slot rank (it loads, or its slot is filled on EX)."""
+        return bool(self.loads) or self.slot_in
+
+    @property
+    def uses_out_slot(self) -> bool:
+        """Whether the step has an output-slot rank (it stores, or its stores were left out)."""
+        return bool(self.stores) or self.slot_out
 
 
 @dataclass
@@ -145,16 +174,22 @@ class Kernel:
             raise ValueError("a kernel with stores must end with a step that stores")
 
 
-def schedule(kernels: Iterable[Kernel], prefetch: bool = True) -> list[Instr]:
+def schedule(kernels: Iterable[Kernel], prefetch: bool = True, early_compute: bool = False) -> list[Instr]:
     """The instruction stream of ``kernels`` in order, with wait/signal bits (see module doc).
 
     ``prefetch=False`` makes every kernel a barrier: its first load waits for the previous end.
+    ``early_compute=True`` (with prefetch) lets a storing kernel whose first step has no loads
+    start without waiting for the previous kernel's end: its first compute waits only for the
+    latest pending kernel whose SRAM it touches (module doc).
     """
-    return schedule_with_debug(kernels, prefetch)[0]
+    return schedule_with_debug(kernels, prefetch, early_compute=early_compute)[0]
 
 
 def schedule_with_debug(
-    kernels: Iterable[Kernel], prefetch: bool = True, regions: Sequence[tuple[int, int]] = ()
+    kernels: Iterable[Kernel],
+    prefetch: bool = True,
+    regions: Sequence[tuple[int, int]] = (),
+    early_compute: bool = False,
 ) -> tuple[list[Instr], list[dict | None]]:
     """Like ``schedule``, plus each instruction's debug record (its kernel's ``debug``).
 
@@ -163,7 +198,7 @@ def schedule_with_debug(
     any other register-offset access against all of DRAM."""
     out: list[Instr] = []
     dbg: list[dict | None] = []
-    ends = _Ends(prefetch, regions=tuple(regions))
+    ends = _Ends(prefetch, early_compute, regions=tuple(regions))
     for kernel in kernels:
         _schedule_kernel(kernel, out, dbg, ends)
     return out, dbg
@@ -174,10 +209,12 @@ class _End:
     """A scheduled kernel as the kernels after it see it."""
 
     at: int  # stream index of its end instruction (last store, else last compute)
-    sram: tuple[int, int]  # SRAM bytes its instructions touch: [lo, hi)
+    sram: list[tuple[int, int]]  # sorted disjoint SRAM intervals its instructions touch
+    dma_sram: list[tuple[int, int]]  # the part of them its loads and stores touch
     write_lo: list[int]  # sorted disjoint DRAM intervals its stores write
     write_hi: list[int]
     storeless: bool
+    implies: int  # every kernel <= implies has ended when this end has happened
 
     def writes_into(self, lo: int, hi: int) -> bool:
         i = bisect.bisect_right(self.write_hi, lo)
@@ -189,9 +226,13 @@ class _Ends:
     """The ends of the kernels scheduled so far and what the load queue knows about them."""
 
     prefetch: bool
+    early_compute: bool = False
     ends: list[_End] = field(default_factory=list)
     regions: tuple[tuple[int, int], ...] = ()
     known: int = -1  # every kernel <= known has ended before the current load issues
+    ex_known: int = -1  # every kernel <= ex_known has ended before the current compute issues
+    ex_floor: int = -1  # every kernel <= ex_floor ending in a compute has ended (load queue's view)
+    popped: set = field(default_factory=set)  # kernels whose end a load waited for
 
     def released(self, j: int, engine: int) -> None:
         """A load of kernel j pops an intra-kernel release token pushed by ``engine``."""
@@ -200,29 +241,67 @@ class _Ends:
         else:  # a compute of j: after the ends of the earlier kernels that end in a compute
             for k in range(j - 1, self.known, -1):
                 if self.ends[k].storeless:
-                    self.known = k
+                    self.known = max(self.known, self.ends[k].implies)
                     break
+            self.ex_floor = max(self.ex_floor, j - 1)
 
-    def need(self, load: Instr, j: int, span: tuple[int, int] | None, barrier: bool) -> int:
-        """The latest pending kernel whose end ``load`` (of kernel j) must wait for, or -1.
+    def need(self, load: Instr, j: int, span: tuple[list, list] | None, barrier: bool) -> list[int]:
+        """The pending kernels whose ends ``load`` (of kernel j) must wait for: the latest one it
+        conflicts with, and when that one ends in a compute whose end does not imply the earlier
+        kernels' (``_End.implies``), also the latest conflicting kernel ending in a store that
+        it does not cover (at most one end per engine pair).
 
-        ``span`` is kernel j's SRAM span when ``load`` is its first load, else None."""
+        ``span`` is kernel j's SRAM spans when ``load`` is its first load, else None."""
         if barrier:
-            return j - 1 if j - 1 > self.known else -1
+            return [j - 1] if j - 1 > self.known else []
         reads = _dram_reads(load, self.regions)
+        out: list[int] = []
         for k in range(j - 1, self.known, -1):
             end = self.ends[k]
-            if span is not None and end.sram[0] < span[1] and span[0] < end.sram[1]:
-                return k
-            if any(end.writes_into(lo, hi) for lo, hi in reads):
+            if k in self.popped or (end.storeless and k <= self.ex_floor):
+                continue  # the load queue knows it has ended
+            if out and (end.storeless or k <= self.ends[out[0]].implies):
+                continue  # covered by the compute end already chosen
+            hit = span is not None and self._overlaps(end, span)
+            if hit or any(end.writes_into(lo, hi) for lo, hi in reads):
+                out.append(k)
+                if not end.storeless or end.implies >= k - 1 or len(out) == 2:
+                    break
+        return out
+
+    def _overlaps(self, end: _End, span: tuple[list, list]) -> bool:
+        """Whether a pending kernel and kernel j (``span``: all its SRAM, its DMA's SRAM) touch
+        the same SRAM.  With ``early_compute`` a conflict between two EX instructions does not
+        count: the EX engine runs in order (the scoreboard holds the data dependencies)."""
+        if not self.early_compute:
+            return _overlap(end.sram, span[0])
+        return _overlap(end.dma_sram, span[0]) or _overlap(end.sram, span[1])
+
+    def ex_need(self, span: tuple[list, list], j: int) -> int:
+        """The latest pending kernel ending in a store whose SRAM overlaps ``span`` (kernel j's),
+        or -1: what kernel j's first compute must wait for when its first step has no loads.
+        (A kernel ending in a compute has ended before any later compute issues.)"""
+        for k in range(j - 1, self.ex_known, -1):
+            end = self.ends[k]
+            if not end.storeless and _overlap(end.dma_sram, span[0]):
                 return k
         return -1
+
+    def ex_pop(self, k: int, out: list[Instr]) -> int:
+        """Make kernel k's end (a store) signal EX; return the wait bit the popping compute carries."""
+        at = self.ends[k].at
+        out[at] = _bits(out[at], signal=1 << EX)
+        self.ex_known = k
+        return 1 << out[at].engine
 
     def pop(self, k: int, out: list[Instr]) -> int:
         """Make kernel k's end signal LD; return the wait bit the popping load carries."""
         at = self.ends[k].at
         out[at] = _bits(out[at], signal=1 << LD)
-        self.known = k
+        self.known = max(self.known, self.ends[k].implies)
+        self.popped.add(k)
+        if self.ends[k].storeless:  # EX->LD tokens stay in order: no earlier compute end after it
+            self.ex_floor = max(self.ex_floor, k)
         return 1 << out[at].engine
 
 
@@ -232,15 +311,37 @@ def _dram_reads(instr: Instr, regions: Sequence[tuple[int, int]] = ()) -> list[t
     ]
 
 
-def _sram_span(steps: list[Step]) -> tuple[int, int]:
-    lo, hi = None, None
-    for s in steps:
-        for instr in (*s.loads, *s.computes, *s.stores):
-            for mem, a, b, _ in footprint(instr):
-                if mem == "sram" and b > a:
-                    lo = a if lo is None else min(lo, a)
-                    hi = b if hi is None else max(hi, b)
-    return (lo, hi) if lo is not None else (0, 0)
+def _sram_span(steps: list[Step], dma_only: bool = False) -> list[tuple[int, int]]:
+    """The SRAM a kernel touches (``dma_only``: its loads and stores), as sorted disjoint
+    intervals (a kernel reading a buffer kept in SRAM far from its slots does not claim the bytes
+    in between)."""
+    spans = sorted(
+        (a, b)
+        for s in steps
+        for instr in ((*s.loads, *s.stores) if dma_only else (*s.loads, *s.computes, *s.stores))
+        for mem, a, b, _ in footprint(instr)
+        if mem == "sram" and b > a
+    )
+    out: list[tuple[int, int]] = []
+    for a, b in spans:
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _overlap(x: list[tuple[int, int]], y: list[tuple[int, int]]) -> bool:
+    """Whether two sorted lists of disjoint intervals intersect."""
+    i = k = 0
+    while i < len(x) and k < len(y):
+        if x[i][0] < y[k][1] and y[k][0] < x[i][1]:
+            return True
+        if x[i][1] <= y[k][1]:
+            i += 1
+        else:
+            k += 1
+    return False
 
 
 def _merged_writes(steps: list[Step], regions: Sequence[tuple[int, int]] = ()) -> tuple[list[int], list[int]]:
@@ -277,7 +378,7 @@ def _free_loads_first(step: Step, ends: _Ends, j: int) -> Step:
     (stable), unless a moved load touches memory a load it would overtake also touches."""
     if len(step.loads) < 2:
         return step
-    waits = [ends.need(x, j, None, False) >= 0 for x in step.loads]
+    waits = [bool(ends.need(x, j, None, False)) for x in step.loads]
     order = [x for x, w in zip(step.loads, waits, strict=True) if not w]
     order += [x for x, w in zip(step.loads, waits, strict=True) if w]
     for n, x in enumerate(step.loads):
@@ -295,18 +396,32 @@ def _schedule_kernel(kernel: Kernel, out: list[Instr], dbg: list, ends: _Ends) -
     if not steps:
         return
     j = len(ends.ends)
-    n_load = sum(1 for s in steps if s.loads)
+    slot_steps = [s for s in steps if s.uses_slot]
+    out_steps = [s for s in steps if s.uses_out_slot]
+    n_load, n_out = len(slot_steps), len(out_steps)
     n_store = sum(1 for s in steps if s.stores)
-    barrier = not (ends.prefetch and steps[0].loads and n_store)
+    early = ends.early_compute and not steps[0].loads
+    if ends.early_compute:  # any kernel may start before the previous one ends (see ex_need)
+        barrier = not ends.prefetch
+    else:
+        barrier = not (ends.prefetch and steps[0].loads and n_store)
     if not barrier:
         steps = [_free_loads_first(s, ends, j) for s in steps]
-    span = (0, 1 << 62) if kernel.sets_registers else _sram_span(steps)
+    span = (_sram_span(steps), _sram_span(steps, dma_only=True))
+    if kernel.sets_registers:  # counts as touching all of SRAM: the next load waits for its end
+        span = ([(0, 1 << 62)], [(0, 1 << 62)])
     # Who releases each input slot: the step's computes, or its stores for a copy step.
-    release = [ST if (s.stores and not s.computes) else EX for s in steps if s.loads]
+    release = [ST if (s.stores and not s.computes) else EX for s in slot_steps]
     prev = ends.ends[-1].at if ends.ends else None
-    boundary_ex = prev is not None and out[prev].engine == ST and not steps[0].loads
+    boundary_ex = barrier and prev is not None and out[prev].engine == ST and not steps[0].loads
+    boundary_ex = boundary_ex and ends.ex_known < j - 1
     if boundary_ex:  # an EX end is already in EX order
         out[prev] = _bits(out[prev], signal=1 << EX)
+    early_wait = 0
+    if not barrier and early:  # first compute before any load: wait for overlapping pending kernels
+        k = ends.ex_need(span, j)
+        if k >= 0:
+            early_wait = ends.ex_pop(k, out)
     r = g = 0
     group_open = True  # the next compute is the first of its output group
     first_load = True
@@ -321,32 +436,41 @@ def _schedule_kernel(kernel: Kernel, out: list[Instr], dbg: list, ends: _Ends) -
                 loads[0] = _bits(loads[0], wait=1 << release[r - kernel.in_slots])
                 ends.released(j, release[r - kernel.in_slots])
             for n, instr in enumerate(loads):
-                k = ends.need(instr, j, span if first_load else None, barrier and first_load)
+                need = ends.need(instr, j, span if first_load else None, barrier and first_load)
                 first_load = False
-                if k >= 0:
+                for k in need:
                     loads[n] = _bits(loads[n], wait=ends.pop(k, out))
             loads[-1] = _bits(loads[-1], signal=1 << EX)
-        reused = bool(loads) and r + kernel.in_slots < n_load
+        # the slot is reused by a later step that loads into it (a slot filled on EX needs no token)
+        reused = (
+            step.uses_slot and r + kernel.in_slots < n_load and bool(slot_steps[r + kernel.in_slots].loads)
+        )
         if ex:
             wait = (1 << LD) if loads else 0
-            if group_open and g >= kernel.out_slots:
+            if group_open and g >= kernel.out_slots and out_steps[g - kernel.out_slots].stores:
                 wait |= 1 << ST
+                ends.ex_known = max(ends.ex_known, j - 1)
             if boundary_ex:
                 wait |= 1 << ST
                 boundary_ex = False
+                ends.ex_known = max(ends.ex_known, j - 1)
+            if early_wait:
+                wait |= early_wait
+                early_wait = 0
             group_open = False
             signal = (1 << LD) if (reused and release[r] == EX) else 0
             signal |= (1 << ST) if stores else 0
             ex[0] = _bits(ex[0], wait=wait)
             ex[-1] = _bits(ex[-1], signal=signal)
         if stores:
-            signal = (1 << EX) if g + kernel.out_slots < n_store else 0
+            signal = (1 << EX) if g + kernel.out_slots < n_out else 0
             signal |= (1 << LD) if (reused and release[r] == ST) else 0
             stores[0] = _bits(stores[0], wait=1 << EX)
             stores[-1] = _bits(stores[-1], signal=signal)
+        if step.uses_out_slot:
             g += 1
             group_open = True
-        if loads:
+        if step.uses_slot:
             r += 1
         own = kernel.instr_debug or {}
         for instr, orig in zip((*loads, *ex, *stores), built, strict=True):
@@ -355,7 +479,14 @@ def _schedule_kernel(kernel: Kernel, out: list[Instr], dbg: list, ends: _Ends) -
         if ex:
             last_ex = len(out) - 1 - len(stores)
     at = len(out) - 1 if n_store else last_ex
-    ends.ends.append(_End(at, span, *_merged_writes(steps, ends.regions), storeless=not n_store))
+    implies = j
+    if not n_store and not barrier:  # its end only says that EX got this far
+        implies = ends.ex_known
+        while implies + 1 < j and ends.ends[implies + 1].storeless:
+            implies += 1
+        implies = j if implies + 1 == j else implies
+    writes = _merged_writes(steps, ends.regions)
+    ends.ends.append(_End(at, span[0], span[1], *writes, storeless=not n_store, implies=implies))
 
 
 def _bits(instr: Instr, wait: int = 0, signal: int = 0) -> Instr:
