@@ -193,11 +193,20 @@ def llama_decode_step(cfg: LlamaConfig = SMOLLM2_135M, seed: int = 0) -> onnx.Mo
 
 
 def roofline_bytes(cfg: LlamaConfig = SMOLLM2_135M, past: int = 256) -> dict[str, int]:
-    """Bytes one decode step must move: weights read, past K/V read, present K/V written."""
+    """Bytes one decode step must move: weights read (as stored: int4 codes and their scales with
+    ``weight_bits`` 4), past K/V read, present K/V written."""
     es = np.dtype(_ONNX_DTYPE[cfg.dtype][1]).itemsize
     h, hd, kvd = cfg.hidden, cfg.head_dim, cfg.kv_heads * cfg.head_dim
-    per_layer = h * cfg.heads * hd + 2 * h * kvd + cfg.heads * hd * h + 3 * h * cfg.ffn + 2 * h
-    weights = (cfg.layers * per_layer + h + h * cfg.vocab + h + 2 * hd) * es
+    # matrices (the linears and the LM head), then vectors (norm gains, the final norm, rope) and the
+    # one embedding row gathered
+    matrices = cfg.layers * (h * cfg.heads * hd + 2 * h * kvd + cfg.heads * hd * h + 3 * h * cfg.ffn)
+    matrices += h * cfg.vocab
+    vectors = cfg.layers * 2 * h + h + 2 * hd
+    if cfg.weight_bits:  # int4 codes packed two per byte plus one `dtype` scale per group
+        quantized = matrices + h
+        weights = quantized // 2 + (quantized // cfg.group) * es + vectors * es
+    else:
+        weights = (matrices + vectors + h) * es
     kv_read = cfg.layers * 2 * past * kvd * es
     kv_write = cfg.layers * 2 * (past + 1) * kvd * es
     total = weights + kv_read + kv_write
