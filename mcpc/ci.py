@@ -31,7 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mcpc.errors import ConfigError
-from mcpc.measure import BuildSpec, compiler_takes_calib
+from mcpc.measure import BuildSpec
 
 # budget key -> (metric of the row, "max" or "min", unit)
 BUDGETS: dict[str, tuple[str, str, str]] = {
@@ -177,10 +177,6 @@ def load_checks(path: str | Path, example_dir: Path | None = None) -> Checks:
         model = _model_path(entry.model, base, example_dir, where)
         inputs = entry.inputs if entry.inputs == "random" else _existing(base, entry.inputs, where, "inputs")
         calib = _existing(base, entry.calib, where, "calib") if entry.calib is not None else None
-        if calib is not None and not compiler_takes_calib():
-            raise ConfigError(
-                f"{where}: calib: calibration data given, but this mcpc compiles no config with it"
-            )
         targets = entry.target if isinstance(entry.target, list) else [entry.target]
         configs = entry.qat_config if isinstance(entry.qat_config, list) else [entry.qat_config]
         for target in targets:

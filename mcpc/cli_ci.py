@@ -160,13 +160,11 @@ def sweep_command(model, configs, targets, dims, inputs, seed, calib, overrides,
     from mcpc import sweep
     from mcpc.cli import _parse_dims, _parse_sets
     from mcpc.errors import InputError
-    from mcpc.measure import refuse_calib_if_unused
 
     if not model.is_file():
         raise InputError(f"{model}: no such model file")
     if inputs != "random" and not Path(inputs).is_file():
         raise InputError(f"--inputs {inputs}: no such file (give an .npz, or 'random')")
-    refuse_calib_if_unused(str(calib) if calib else None, f"--calib {calib}")
     dim_map = _parse_dims(None, None, dims) or {}
     _parse_sets(None, None, overrides)
     sweep.check_targets(targets)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import inspect
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -103,27 +102,11 @@ def measure_build(spec: BuildSpec) -> dict[str, Any]:
     return row
 
 
-def compiler_takes_calib() -> bool:
-    """Whether ``mcpc.compile`` takes calibration data (it arrives with the quantizing pipelines)."""
-    from mcpc import driver
-
-    return "calib" in inspect.signature(driver.compile).parameters
-
-
-def refuse_calib_if_unused(calib: str | None, where: str) -> None:
-    """UsageError when calibration data is given to a compiler that takes none (never ignored)."""
-    from mcpc.errors import UsageError
-
-    if calib is not None and not compiler_takes_calib():
-        raise UsageError(f"{where}: calibration data given, but this mcpc compiles no config with it")
-
-
 def _compile(spec: BuildSpec):
     from mcpc import driver
 
     kwargs: dict[str, Any] = {}
     if spec.calib is not None:
-        refuse_calib_if_unused(spec.calib, spec.calib)
         kwargs["calib"] = spec.calib
     return driver.compile(
         spec.model,

@@ -17,7 +17,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from mcpc.errors import ConfigError, InputError, UsageError
+from mcpc.errors import ConfigError, InputError, McpcError, UsageError
 from mcpc.measure import BuildSpec
 
 ROW_KIND = "mcpc-sweep"
@@ -67,7 +67,9 @@ def grid(
     calib: str | None = None,
     overrides: Sequence[str] = (),
 ) -> list[BuildSpec]:
-    """One BuildSpec per (config, target), named ``config@target``."""
+    """One BuildSpec per (config, target), named ``config@target``.  ``calib`` goes to the configs
+    that quantize (a ``quantization:`` section); a float config compiles without it (the compiler
+    refuses calibration data a config would ignore)."""
     if not targets:
         raise UsageError("--targets names no target")
     return [
@@ -79,12 +81,23 @@ def grid(
             dims=dict(dims or {}),
             inputs=inputs,
             seed=seed,
-            calib=calib,
+            calib=calib if calib is not None and _quantizes(c) else None,
             overrides=tuple(overrides),
         )
         for c in configs
         for t in targets
     ]
+
+
+def _quantizes(config: str) -> bool:
+    """Whether ``config`` has a ``quantization:`` section; True for a config that does not load (its
+    build then fails with the config's own error, calibration data or not)."""
+    from mcpc.qat_configs.schema import load_config
+
+    try:
+        return load_config(config).quantization is not None
+    except McpcError:
+        return True
 
 
 def read_rows(path: Path) -> list[dict]:

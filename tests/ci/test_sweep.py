@@ -126,19 +126,11 @@ def test_a_finished_sweep_is_not_redone_and_a_cut_line_is_dropped(one_process_sw
     assert again.exit_code == 0 and "6 resumed" in again.output and partial.read_text() == before
 
 
-def test_calibration_data_is_never_ignored(examples_dir, tmp_path):
-    from mcpc.measure import compiler_takes_calib
+def test_calibration_data_goes_to_the_quantizing_configs_only():
+    from mcpc.sweep import grid
 
-    calib = tmp_path / "calib.npz"
-    calib.write_bytes(b"")
-    args = [str(examples_dir / "mlp.onnx"), "--configs", "fp16", "--targets", "mcp2026-a100",
-            "--calib", str(calib), "-o", str(tmp_path / "s.jsonl")]  # fmt: skip
-    result = CliRunner().invoke(cli, ["sweep", *args])
-    if not compiler_takes_calib():  # refused up front, before any build, until a pipeline uses it
-        assert result.exit_code == 2 and "calib.npz" in result.output and "calibration" in result.output
-        assert not (tmp_path / "s.jsonl").exists()
-    else:
-        assert "compiles no config with it" not in result.output
+    specs = grid("m.onnx", ["fp16", "qat_w4a16", "no-such-config.yaml"], ["mcp2026-a100"], calib="c.npz")
+    assert [s.calib for s in specs] == [None, "c.npz", "c.npz"]
 
 
 def test_a_corrupt_sweep_file_is_refused(tmp_path, examples_dir):
