@@ -270,4 +270,8 @@ def test_minilm_sweep_pool_resume_and_ray(ray_address, tmp_path):
     assert _comparable(_rows(on_ray)) == _comparable(rows)
     ok = [r for r in rows if r["status"] == "ok"]
     assert {r["config"] for r in ok} >= {"fp16", "fp32"}
-    assert all(r["metrics"]["min_cosine"] > 0.999 for r in ok)
+    for r in ok:  # the float builds agree closely; a quantized one within its config's check bound
+        from mcpc.qat_configs.schema import load_config
+
+        bound = 0.999 if r["config"] in ("fp16", "fp32") else load_config(r["config"]).check.min_cosine
+        assert r["metrics"]["min_cosine"] >= bound, (r["name"], r["metrics"]["min_cosine"], bound)
