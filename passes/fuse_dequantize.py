@@ -18,6 +18,14 @@ qparams are rewritten to the instruction's layout, one entry per column (``[1, N
 when ``trans_b``), ``group_size`` 0.  Anything else stays unfused and runs as a dequantize
 kernel followed by the float matmul — slower, same values.
 
+A 4-bit zero point is stored packed like the codes, so a ``[rows, groups]`` zero-point tile read by
+``vdequant`` or ``matmul_w4a16`` starts each row on a byte only when ``groups`` is even.  A
+dequantize blocked along its last axis with an odd number of groups and a non-zero 4-bit zero
+point (one group spanning K — ``group_size`` >= K — is the common case) is first rewritten with
+smaller blocks — a divisor of the block size, or for one group ``ceil(K/2)`` — so the groups are
+even in number, the scales and zero points repeated for each new block: every element keeps its
+scale and zero point, the same bits.
+
 The Gather of rows of a constant table quantized along its rows (a quantized embedding, tied to
 the LM head or not) becomes the dequantize of the gathered rows: ``gather(dequantize(codes, s,
 z) {axis 1}, ids) {axis 0}`` = ``dequantize(gather(codes, ids), gather(s, ids), gather(z, ids))
@@ -44,6 +52,44 @@ from mcpc.passes.manager import Pass, PassContext, register_pass
 def _constant(value) -> np.ndarray | None:
     owner = value.owner
     return owner.value if isinstance(owner, ConstantOp) else None
+
+
+def _even_group_block(k: int, block: int, groups: int) -> int | None:
+    """A block size splitting each of the ``groups`` blocks (of ``block`` along an axis of ``k``)
+    into whole smaller blocks so that their number is even, or None (module docstring)."""
+    if groups == 1 and k >= 2:
+        return -(-k // 2)
+    for d in range(2, block + 1):
+        b = block // d
+        if block % d == 0 and -(-k // b) % 2 == 0:
+            return b
+    return None
+
+
+def split_odd_zero_point_groups(op: DequantizeOp) -> list[Operation] | None:
+    """``op`` rewritten with an even number of groups along its last axis (new constant scales and
+    zero points, then the new dequantize) when its codes are 4-bit, blocked along the last axis,
+    with an odd number of groups and a non-zero constant zero point; None when there is nothing to
+    do or it cannot be done (then ``rows_dequantize`` refuses it rather than misread the tile)."""
+    codes, scale_v, zp_v = op.operands
+    ct = codes.type
+    block = int(op.attrs["block_size"])
+    if not ct.dtype.packed or ct.rank == 0 or block <= 0 or int(op.attrs["axis"]) % ct.rank != ct.rank - 1:
+        return None
+    scale, zp = _constant(scale_v), _constant(zp_v)
+    if scale is None or zp is None or not zp.any() or zp.shape[-1] % 2 == 0:
+        return None
+    k = ct.shape[-1]
+    b = _even_group_block(k, min(block, k), zp.shape[-1])
+    if b is None:
+        return None
+    idx = np.arange(-(-k // b)) * b // min(block, k)
+    made: list[Operation] = [
+        ConstantOp([], {"value": np.ascontiguousarray(np.take(a, idx, axis=-1))}, loc=op.loc) for a in (scale, zp)
+    ]
+    attrs = {**op.attrs, "block_size": b}
+    made.append(DequantizeOp([codes, made[0].result, made[1].result], attrs, loc=op.loc))
+    return made
 
 
 def _weight_dequantize(op: MatMulOp) -> tuple[DequantizeOp, bool] | None:
@@ -132,6 +178,12 @@ def fuse_function(func: Function) -> int:
     """Rewrite the fusable matmuls (and quantized-table gathers) of ``func`` in place; return how
     many."""
     new_ops: list[Operation] = []
+    for op in func.ops:
+        split = split_odd_zero_point_groups(op) if isinstance(op, DequantizeOp) else None
+        new_ops += split or [op]
+        if split:
+            func.replace_all_uses(op.result, split[-1].result)
+    func.ops, new_ops = new_ops, []
     count = 0
     for op in func.ops:
         rows = _gathered_rows(op) if isinstance(op, GatherOp) else None
