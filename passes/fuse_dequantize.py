@@ -85,7 +85,8 @@ def split_odd_zero_point_groups(op: DequantizeOp) -> list[Operation] | None:
         return None
     idx = np.arange(-(-k // b)) * b // min(block, k)
     made: list[Operation] = [
-        ConstantOp([], {"value": np.ascontiguousarray(np.take(a, idx, axis=-1))}, loc=op.loc) for a in (scale, zp)
+        ConstantOp([], {"value": np.ascontiguousarray(np.take(a, idx, axis=-1))}, loc=op.loc)
+        for a in (scale, zp)
     ]
     attrs = {**op.attrs, "block_size": b}
     made.append(DequantizeOp([codes, made[0].result, made[1].result], attrs, loc=op.loc))
@@ -102,10 +103,13 @@ def _weight_dequantize(op: MatMulOp) -> tuple[DequantizeOp, bool] | None:
     return (b, trans_b) if isinstance(b, DequantizeOp) else None
 
 
-def fusable_weight(op: MatMulOp) -> tuple[DequantizeOp, bool, np.ndarray, np.ndarray, int] | None:
-    """``(dequantize, trans_b, scale, zero_point, group_size)``, the qparams in
+def fusable_weight(
+    op: MatMulOp,
+) -> tuple[DequantizeOp, bool, np.ndarray | None, np.ndarray, np.ndarray, int] | None:
+    """``(dequantize, trans_b, codes, scale, zero_point, group_size)``, the qparams in
     ``mcp.matmul_w4a16``'s layout, when ``op``'s b is a fusable dequantize of constants (module
-    docstring), else None."""
+    docstring), else None.  ``codes`` is None when the dequantize's own codes are read, else the
+    transposed codes to store (a 4-bit [K, N] weight of odd N and even K is stored [N, K])."""
     found = _weight_dequantize(op)
     if found is None:
         return None
@@ -131,11 +135,20 @@ def fusable_weight(op: MatMulOp) -> tuple[DequantizeOp, bool, np.ndarray, np.nda
     else:
         return None
     packed = ct.dtype.packed
-    if packed and ct.shape[1] % 2:
-        return None
+    stored = None
+    if packed and not trans_b and n % 2 and k % 2 == 0:  # odd rows of [K, N]: store [N, K] instead
+        stored, scale, zp, trans_b = codes.T, scale.T, zp.T, True
+    elif packed and ct.shape[1] % 2:  # K and N odd: the codes are held in 8-bit containers
+        wide = np.int8 if ct.dtype.name == "i4" else np.uint8
+        stored, zp, packed = codes.astype(wide), zp.astype(wide), False
     if packed and trans_b and zp.any() and zp.shape[1] % 2:
-        return None
-    return deq, trans_b, np.ascontiguousarray(scale), np.ascontiguousarray(zp), group
+        b = _even_group_block(k, group or k, zp.shape[1])
+        if b is None:
+            return None
+        idx = np.arange(-(-k // b)) * b // (group or k)
+        scale, zp, group = np.take(scale, idx, axis=1), np.take(zp, idx, axis=1), b
+    arrays = (stored, scale, zp)
+    return deq, trans_b, *(None if a is None else np.ascontiguousarray(a) for a in arrays), group
 
 
 def _gathered_rows(op: GatherOp) -> list[Operation] | None:
@@ -196,17 +209,21 @@ def fuse_function(func: Function) -> int:
         if fused is None:
             new_ops.append(op)
             continue
-        deq, trans_b, scale, zp, group = fused
+        deq, trans_b, codes, scale, zp, group = fused
         qparams = []
+        if codes is not None:
+            const = ConstantOp([], {"value": codes}, loc=deq.loc)
+            new_ops.append(const)
+        qparams.append(deq.operands[0] if codes is None else const.result)
         for arr, value in ((scale, deq.operands[1]), (zp, deq.operands[2])):
-            if arr.shape == value.type.shape:
+            if arr.shape == value.type.shape and codes is None:
                 qparams.append(value)
             else:
                 const = ConstantOp([], {"value": arr}, loc=deq.loc)
                 new_ops.append(const)
                 qparams.append(const.result)
         attrs = {"out": op.attrs["out"], "trans_b": trans_b, "group_size": group}
-        fused_op = MatMulW4A16Op([op.operands[0], deq.operands[0], *qparams], attrs, loc=op.loc)
+        fused_op = MatMulW4A16Op([op.operands[0], *qparams], attrs, loc=op.loc)
         new_ops.append(fused_op)
         func.replace_all_uses(op.result, fused_op.result)
         count += 1

@@ -24,7 +24,8 @@ CALIB_SAMPLES = 16
 
 
 def _model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "g", inputs, outputs, [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    tensors = [numpy_helper.from_array(v, k) for k, v in inits.items()]
+    graph = helper.make_graph(nodes, "g", inputs, outputs, tensors)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -33,9 +34,9 @@ def _f(name, shape):
 
 
 def linear(kind: str, rows: int, k: int, n: int, seed: int):
-    """``x`` [rows, k] (calibration samples [k]) -> MatMul(x, W[k, n]) (``matmul``: the graph input read directly), or
-    Gemm(x, W[n, k], transB=1) + bias (``gemm``), or MatMul -> Relu -> MatMul (``mlp``, second
-    layer n -> n): the model, the input name, its per-sample shape and dtype."""
+    """``x`` [rows, k] (calibration samples [k]) -> MatMul(x, W[k, n]) (``matmul``: the graph input
+    read directly), or Gemm(x, W[n, k], transB=1) + bias (``gemm``), or MatMul -> Relu -> MatMul
+    (``mlp``, second layer n -> n): the model, the input name, its per-sample shape and dtype."""
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
     if kind == "matmul":
@@ -57,8 +58,8 @@ def linear(kind: str, rows: int, k: int, n: int, seed: int):
 
 
 def tied_lm(rows: int, vocab: int, hidden: int, seed: int, gemm: bool = False):
-    """``ids`` [1, rows] (calibration samples [rows]) -> Gather(E) -> MatMul W + b -> Relu -> + residual -> LM head tied to E
-    (MatMul with Transpose(E), or Gemm(h, E, transB=1))."""
+    """``ids`` [1, rows] (calibration samples [rows]) -> Gather(E) -> MatMul W + b -> Relu ->
+    + residual -> LM head tied to E (MatMul with Transpose(E), or Gemm(h, E, transB=1))."""
     rng = np.random.default_rng(seed)
     inits = {
         "E": (0.5 * rng.standard_normal((vocab, hidden))).astype(np.float32),
@@ -152,4 +153,5 @@ def test_quantized_grid_simulator_equals_interpreter(tmp_path, config, target):
         check_build(tmp_path, linear(kind, rows, k, n, seed=i), config, target)
     for rows, vocab, hidden in ((1, 37, 32), (4, 50, 64), (5, 64, 96)):
         for gemm in (False, True):
-            check_build(tmp_path, tied_lm(rows, vocab, hidden, seed=rows, gemm=gemm), config, target, vocab=vocab)
+            built = tied_lm(rows, vocab, hidden, seed=rows, gemm=gemm)
+            check_build(tmp_path, built, config, target, vocab=vocab)
