@@ -155,3 +155,21 @@ def test_quantized_grid_simulator_equals_interpreter(tmp_path, config, target):
         for gemm in (False, True):
             built = tied_lm(rows, vocab, hidden, seed=rows, gemm=gemm)
             check_build(tmp_path, built, config, target, vocab=vocab)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", CONFIGS)
+def test_quantized_gpt_fixture_simulator_equals_interpreter(tmp_path, config):
+    """The exported GPT-style decoder (tied embedding / LM head, RoPE, gated MLP) with every
+    quantizing config: it compiles, and the simulator computes the compiled IR's bits."""
+    from pathlib import Path
+
+    fixture = Path(__file__).resolve().parents[1] / "torch_models" / "fixtures" / "gpt-torchscript-op17.onnx"
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, input_ids=_data((8,), np.int64, CALIB_SAMPLES, 11, 256))
+    out = tmp_path / "gpt.mcpb"
+    dims = {"batch": 1, "seq": 8}
+    result = mcpc.compile(fixture, "mcp2026-edge", config, output=out, calib=calib, dims=dims)
+    feeds = {"input_ids": _data((8,), np.int64, 1, 12, 256)}
+    sim = run_program(load_program(out), feeds).outputs["logits"]
+    np.testing.assert_array_equal(sim, interpret(result.module, feeds)["logits"])
