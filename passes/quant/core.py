@@ -249,8 +249,10 @@ def quantize_float(w: np.ndarray, s32: np.ndarray, zp: np.ndarray | None, spec: 
     ``w``, clipped to the spec's range; the arithmetic of ``spec.rounding`` (module docstring)."""
     if spec.rounding == "half_away":
         z = F32(1 << (spec.bits - 1)) if zp is None else zp.astype(F32)
-        with np.errstate(divide="ignore"):
+        with np.errstate(divide="ignore", over="ignore"):
             recip = np.divide(F32(1), s32, dtype=F32)
+        # a subnormal scale's reciprocal overflows: saturate it, so 0 * recip stays 0 (not NaN)
+        recip = np.nan_to_num(recip, posinf=np.finfo(F32).max, neginf=-np.finfo(F32).max)
         u = np.multiply(w, recip, dtype=F32)
         u += z
         u = round_to_int(u, "half_away")

@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import require_extra
 
+import mcpc.qat_configs
 from mcpc.cli import cli
 from mcpc.measure import WALL_TIME_METRICS
 from mcpc.sweep import read_rows, resolve_configs
@@ -53,7 +54,8 @@ def _sweep(*args: str):
 
 
 def test_resolve_configs_names_paths_and_globs(tmp_path):
-    assert resolve_configs(None) == ["fp16", "fp32"]
+    shipped = sorted(p.stem for p in (Path(mcpc.qat_configs.__file__).parent).glob("*.yaml"))
+    assert resolve_configs(None) == shipped and {"fp16", "fp32", "qat_w4a16"} <= set(shipped)
     assert resolve_configs("fp3*") == ["fp32"]
     (tmp_path / "a.yaml").write_text(INT4)
     assert resolve_configs(f"{tmp_path}/*.yaml,fp16") == [str(tmp_path / "a.yaml"), "fp16"]

@@ -13,6 +13,7 @@ from hypothesis.extra import numpy as hnp
 
 from mcpc.arch import numerics
 from mcpc.passes.quant import QuantizedWeight, QuantSpec, quantize_rtn, round_to_int
+from mcpc.passes.quant.core import quantize_float
 
 
 def test_round_to_int_ties():
@@ -122,6 +123,24 @@ def test_rtn_zero_groups_have_nonzero_scale():
                 np.isfinite(q.scales.astype(np.float32))
             )
             assert np.abs(q.dequantize() - w).max() <= 1e-29
+
+
+def test_rtn_subnormal_scales_quantize_zeros_exactly():
+    """bf16 (and f32) scales reach subnormals, whose reciprocal overflows f32: zeros must stay
+    exact zeros (not NaN codes) in both rounding modes."""
+    w = np.array([[0.0, 3e-39], [2e-39, 0.0], [0.0, 0.0]], np.float32)
+    for rounding in ("half_even", "half_away"):
+        for sym in (True, False):
+            for sdt in ("bf16", "f32"):
+                spec = QuantSpec(4, 0, sym, sdt, rounding)
+                s32 = np.array([[1e-40, -1e-40]], np.float32)  # subnormal: 1/s overflows f32
+                zp = None if sym else np.array([[3, 3]], np.uint8)
+                codes = quantize_float(w, s32, zp, spec)  # before the cast to integers
+                assert np.all(np.isfinite(codes)) and codes[0, 0] == (0 if sym else 3)
+                q = quantize_rtn(w, spec)
+                d = q.dequantize()
+                assert np.all(np.isfinite(d)) and d[0, 0] == 0 and d[2, 1] == 0
+                assert np.abs(d - w).max() <= 1e-38
 
 
 def test_rtn_symmetric_uses_all_levels_and_signed_scale():
