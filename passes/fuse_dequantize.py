@@ -26,6 +26,9 @@ smaller blocks â€” a divisor of the block size, or for one group ``ceil(K/2)`` â
 even in number, the scales and zero points repeated for each new block: every element keeps its
 scale and zero point, the same bits.
 
+4-bit codes blocked along an odd last axis (a table or ``[N, K]`` weight of odd K) are held in
+8-bit containers (``i8``/``u8``, the same values) so their rows start on a byte.
+
 The Gather of rows of a constant table quantized along its rows (a quantized embedding, tied to
 the LM head or not) becomes the dequantize of the gathered rows: ``gather(dequantize(codes, s,
 z) {axis 1}, ids) {axis 0}`` = ``dequantize(gather(codes, ids), gather(s, ids), gather(z, ids))
@@ -90,6 +93,26 @@ def split_odd_zero_point_groups(op: DequantizeOp) -> list[Operation] | None:
     ]
     attrs = {**op.attrs, "block_size": b}
     made.append(DequantizeOp([codes, made[0].result, made[1].result], attrs, loc=op.loc))
+    return made
+
+
+def widen_odd_rows(op: DequantizeOp) -> list[Operation] | None:
+    """``op`` with its 4-bit constant codes (and zero point) held in 8-bit containers, the same
+    values, when it is blocked along its last axis and that axis is odd (packed rows would not
+    start on a byte: neither ``vdequant``, a Gather of its rows nor ``matmul_w4a16`` could read
+    them); None otherwise."""
+    codes_v, scale_v, zp_v = op.operands
+    ct = codes_v.type
+    if not ct.dtype.packed or ct.rank == 0 or ct.shape[-1] % 2 == 0:
+        return None
+    if int(op.attrs["block_size"]) <= 0 or int(op.attrs["axis"]) % ct.rank != ct.rank - 1:
+        return None
+    codes, zp = _constant(codes_v), _constant(zp_v)
+    if codes is None or zp is None:
+        return None
+    wide = np.int8 if ct.dtype.name == "i4" else np.uint8
+    made: list[Operation] = [ConstantOp([], {"value": a.astype(wide)}, loc=op.loc) for a in (codes, zp)]
+    made.append(DequantizeOp([made[0].result, scale_v, made[1].result], dict(op.attrs), loc=op.loc))
     return made
 
 
@@ -192,7 +215,9 @@ def fuse_function(func: Function) -> int:
     many."""
     new_ops: list[Operation] = []
     for op in func.ops:
-        split = split_odd_zero_point_groups(op) if isinstance(op, DequantizeOp) else None
+        split = None
+        if isinstance(op, DequantizeOp):
+            split = widen_odd_rows(op) or split_odd_zero_point_groups(op)
         new_ops += split or [op]
         if split:
             func.replace_all_uses(op.result, split[-1].result)

@@ -136,9 +136,12 @@ def test_quantized_linear_simulator_equals_interpreter(tmp_path, config, case):
 
 @pytest.mark.parametrize("config", CONFIGS)
 @pytest.mark.parametrize("gemm", [False, True], ids=["matmul-head", "gemm-head"])
-def test_quantized_tied_lm_simulator_equals_interpreter(tmp_path, config, gemm):
+@pytest.mark.parametrize("rows, vocab, hidden", [(5, 50, 64), (3, 33, 33)])
+def test_quantized_tied_lm_simulator_equals_interpreter(tmp_path, config, gemm, rows, vocab, hidden):
+    """hidden 64: one group of gptq_g128 spans it; hidden 33: 4-bit rows of odd length."""
     target = TARGETS[CONFIGS.index(config) % len(TARGETS)]
-    check_build(tmp_path, tied_lm(rows=5, vocab=50, hidden=64, seed=3, gemm=gemm), config, target, vocab=50)
+    built = tied_lm(rows=rows, vocab=vocab, hidden=hidden, seed=3, gemm=gemm)
+    check_build(tmp_path, built, config, target, vocab=vocab)
 
 
 @pytest.mark.slow
@@ -146,12 +149,13 @@ def test_quantized_tied_lm_simulator_equals_interpreter(tmp_path, config, gemm):
 @pytest.mark.parametrize("target", TARGETS)
 def test_quantized_grid_simulator_equals_interpreter(tmp_path, config, target):
     """The larger sweep: every linear shape of the grid and tied LMs of several widths."""
-    shapes = itertools.product(("matmul", "gemm", "mlp"), (1, 3, 5), (16, 32, 40, 64, 96, 130), (8, 33, 48))
+    ks, ns = (7, 16, 32, 40, 63, 96, 130), (1, 8, 33, 48)
+    shapes = itertools.product(("matmul", "gemm", "mlp"), (1, 3, 5), ks, ns)
     for i, (kind, rows, k, n) in enumerate(shapes):
         if i % 3:  # a third of the product, a different third per kind
             continue
         check_build(tmp_path, linear(kind, rows, k, n, seed=i), config, target)
-    for rows, vocab, hidden in ((1, 37, 32), (4, 50, 64), (5, 64, 96)):
+    for rows, vocab, hidden in ((1, 37, 32), (4, 50, 64), (5, 64, 96), (3, 33, 33), (2, 31, 47)):
         for gemm in (False, True):
             built = tied_lm(rows, vocab, hidden, seed=rows, gemm=gemm)
             check_build(tmp_path, built, config, target, vocab=vocab)
