@@ -177,3 +177,20 @@ def test_quantized_gpt_fixture_simulator_equals_interpreter(tmp_path, config):
     feeds = {"input_ids": _data((8,), np.int64, 1, 12, 256)}
     sim = run_program(load_program(out), feeds).outputs["logits"]
     np.testing.assert_array_equal(sim, interpret(result.module, feeds)["logits"])
+
+
+def test_cli_calibrates_a_matmul_reading_the_graph_input(tmp_path):
+    """``mcp-compile --qat-config qat_gptq_g128.yaml --calib`` on a one-MatMul model (x [4, 64] @
+    w [64, 48], calibration x [64, 64]) exits 0 (it died in quantize-weights with exit 70)."""
+    from click.testing import CliRunner
+
+    from mcpc.cli import cli
+
+    model, _, _, _ = linear("matmul", 4, 64, 48, seed=0)
+    onnx.save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "calib.npz", x=_data((64,), np.float32, 64, 1))
+    args = ["compile", str(tmp_path / "m.onnx"), "--qat-config", "qat_gptq_g128.yaml"]
+    args += ["--calib", str(tmp_path / "calib.npz"), "-o", str(tmp_path / "m.mcpb")]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    assert "by gptq" in res.output and "64 samples" in res.output
