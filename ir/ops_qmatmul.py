@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from math import ceil
 
+import numpy as np
+
 from mcpc.ir.core import Attr, Operation
 from mcpc.ir.dtypes import DType
 from mcpc.ir.types import TensorType
@@ -105,7 +107,13 @@ def rows_dequantize(op: Operation) -> bool:
     floats = ("f16", "bf16", "f32")
     if scale.dtype.name not in floats or op.result.type.dtype.name not in floats:
         return False
-    return not (x.dtype.packed and x.shape[-1] % 2)
+    if x.dtype.packed and x.shape[-1] % 2:
+        return False
+    # a 4-bit zero-point tile of an odd number of groups per row does not start each row on a byte
+    # (fuse-dequantize-matmul splits such groups); all-zero constant zero points are not read
+    zp = op.operands[2].owner
+    zeros = getattr(zp, "name", "") == "mcp.constant" and not np.asarray(zp.attrs["value"]).any()
+    return not (x.dtype.packed and scale.shape[-1] % 2 and not zeros)
 
 
 ACTIVATION_CODE_DTYPES = frozenset({"i4", "i8", "u8"})

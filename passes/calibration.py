@@ -160,7 +160,13 @@ def run_collecting(
     for i, op in enumerate(func.ops):
         for v in op.operands:
             last_use[id(v)] = i
-    env = dict(env) if env is not None else {id(a): inputs[a.name] for a in func.args}
+    if env is None:  # a fresh run: the arguments are values a watcher may want (a matmul reading an input)
+        env = {id(a): inputs[a.name] for a in func.args}
+        for a in func.args:
+            if id(a) in watch:
+                watch[id(a)](env[id(a)])
+    else:
+        env = dict(env)
     for i in range(start, len(func.ops)):
         op = func.ops[i]
         if op.IS_TERMINATOR:

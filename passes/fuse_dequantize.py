@@ -18,6 +18,17 @@ qparams are rewritten to the instruction's layout, one entry per column (``[1, N
 when ``trans_b``), ``group_size`` 0.  Anything else stays unfused and runs as a dequantize
 kernel followed by the float matmul — slower, same values.
 
+A 4-bit zero point is stored packed like the codes, so a ``[rows, groups]`` zero-point tile read by
+``vdequant`` or ``matmul_w4a16`` starts each row on a byte only when ``groups`` is even.  A
+dequantize blocked along its last axis with an odd number of groups and a non-zero 4-bit zero
+point (one group spanning K — ``group_size`` >= K — is the common case) is first rewritten with
+smaller blocks — a divisor of the block size, or for one group ``ceil(K/2)`` — so the groups are
+even in number, the scales and zero points repeated for each new block: every element keeps its
+scale and zero point, the same bits.
+
+4-bit codes blocked along an odd last axis (a table or ``[N, K]`` weight of odd K) are held in
+8-bit containers (``i8``/``u8``, the same values) so their rows start on a byte.
+
 The Gather of rows of a constant table quantized along its rows (a quantized embedding, tied to
 the LM head or not) becomes the dequantize of the gathered rows: ``gather(dequantize(codes, s,
 z) {axis 1}, ids) {axis 0}`` = ``dequantize(gather(codes, ids), gather(s, ids), gather(z, ids))
@@ -46,6 +57,65 @@ def _constant(value) -> np.ndarray | None:
     return owner.value if isinstance(owner, ConstantOp) else None
 
 
+def _even_group_block(k: int, block: int, groups: int) -> int | None:
+    """A block size splitting each of the ``groups`` blocks (of ``block`` along an axis of ``k``)
+    into whole smaller blocks so that their number is even, or None (module docstring)."""
+    if groups == 1 and k >= 2:
+        return -(-k // 2)
+    for d in range(2, block + 1):
+        b = block // d
+        if block % d == 0 and -(-k // b) % 2 == 0:
+            return b
+    return None
+
+
+def split_odd_zero_point_groups(op: DequantizeOp) -> list[Operation] | None:
+    """``op`` rewritten with an even number of groups along its last axis (new constant scales and
+    zero points, then the new dequantize) when its codes are 4-bit, blocked along the last axis,
+    with an odd number of groups and a non-zero constant zero point; None when there is nothing to
+    do or it cannot be done (then ``rows_dequantize`` refuses it rather than misread the tile)."""
+    codes, scale_v, zp_v = op.operands
+    ct = codes.type
+    block = int(op.attrs["block_size"])
+    if not ct.dtype.packed or ct.rank == 0 or block <= 0 or int(op.attrs["axis"]) % ct.rank != ct.rank - 1:
+        return None
+    scale, zp = _constant(scale_v), _constant(zp_v)
+    if scale is None or zp is None or not zp.any() or zp.shape[-1] % 2 == 0:
+        return None
+    k = ct.shape[-1]
+    b = _even_group_block(k, min(block, k), zp.shape[-1])
+    if b is None:
+        return None
+    idx = np.arange(-(-k // b)) * b // min(block, k)
+    made: list[Operation] = [
+        ConstantOp([], {"value": np.ascontiguousarray(np.take(a, idx, axis=-1))}, loc=op.loc)
+        for a in (scale, zp)
+    ]
+    attrs = {**op.attrs, "block_size": b}
+    made.append(DequantizeOp([codes, made[0].result, made[1].result], attrs, loc=op.loc))
+    return made
+
+
+def widen_odd_rows(op: DequantizeOp) -> list[Operation] | None:
+    """``op`` with its 4-bit constant codes (and zero point) held in 8-bit containers, the same
+    values, when it is blocked along its last axis and that axis is odd (packed rows would not
+    start on a byte: neither ``vdequant``, a Gather of its rows nor ``matmul_w4a16`` could read
+    them); None otherwise."""
+    codes_v, scale_v, zp_v = op.operands
+    ct = codes_v.type
+    if not ct.dtype.packed or ct.rank == 0 or ct.shape[-1] % 2 == 0:
+        return None
+    if int(op.attrs["block_size"]) <= 0 or int(op.attrs["axis"]) % ct.rank != ct.rank - 1:
+        return None
+    codes, zp = _constant(codes_v), _constant(zp_v)
+    if codes is None or zp is None:
+        return None
+    wide = np.int8 if ct.dtype.name == "i4" else np.uint8
+    made: list[Operation] = [ConstantOp([], {"value": a.astype(wide)}, loc=op.loc) for a in (codes, zp)]
+    made.append(DequantizeOp([made[0].result, scale_v, made[1].result], dict(op.attrs), loc=op.loc))
+    return made
+
+
 def _weight_dequantize(op: MatMulOp) -> tuple[DequantizeOp, bool] | None:
     """The dequantize producing ``op``'s b — directly, or through a transpose of its two dims (a
     weight stored [N, K], as a tied LM head) — and the ``trans_b`` of reading its codes."""
@@ -56,10 +126,13 @@ def _weight_dequantize(op: MatMulOp) -> tuple[DequantizeOp, bool] | None:
     return (b, trans_b) if isinstance(b, DequantizeOp) else None
 
 
-def fusable_weight(op: MatMulOp) -> tuple[DequantizeOp, bool, np.ndarray, np.ndarray, int] | None:
-    """``(dequantize, trans_b, scale, zero_point, group_size)``, the qparams in
+def fusable_weight(
+    op: MatMulOp,
+) -> tuple[DequantizeOp, bool, np.ndarray | None, np.ndarray, np.ndarray, int] | None:
+    """``(dequantize, trans_b, codes, scale, zero_point, group_size)``, the qparams in
     ``mcp.matmul_w4a16``'s layout, when ``op``'s b is a fusable dequantize of constants (module
-    docstring), else None."""
+    docstring), else None.  ``codes`` is None when the dequantize's own codes are read, else the
+    transposed codes to store (a 4-bit [K, N] weight of odd N and even K is stored [N, K])."""
     found = _weight_dequantize(op)
     if found is None:
         return None
@@ -85,11 +158,20 @@ def fusable_weight(op: MatMulOp) -> tuple[DequantizeOp, bool, np.ndarray, np.nda
     else:
         return None
     packed = ct.dtype.packed
-    if packed and ct.shape[1] % 2:
-        return None
+    stored = None
+    if packed and not trans_b and n % 2 and k % 2 == 0:  # odd rows of [K, N]: store [N, K] instead
+        stored, scale, zp, trans_b = codes.T, scale.T, zp.T, True
+    elif packed and ct.shape[1] % 2:  # K and N odd: the codes are held in 8-bit containers
+        wide = np.int8 if ct.dtype.name == "i4" else np.uint8
+        stored, zp, packed = codes.astype(wide), zp.astype(wide), False
     if packed and trans_b and zp.any() and zp.shape[1] % 2:
-        return None
-    return deq, trans_b, np.ascontiguousarray(scale), np.ascontiguousarray(zp), group
+        b = _even_group_block(k, group or k, zp.shape[1])
+        if b is None:
+            return None
+        idx = np.arange(-(-k // b)) * b // (group or k)
+        scale, zp, group = np.take(scale, idx, axis=1), np.take(zp, idx, axis=1), b
+    arrays = (stored, scale, zp)
+    return deq, trans_b, *(None if a is None else np.ascontiguousarray(a) for a in arrays), group
 
 
 def _gathered_rows(op: GatherOp) -> list[Operation] | None:
@@ -132,6 +214,14 @@ def fuse_function(func: Function) -> int:
     """Rewrite the fusable matmuls (and quantized-table gathers) of ``func`` in place; return how
     many."""
     new_ops: list[Operation] = []
+    for op in func.ops:
+        split = None
+        if isinstance(op, DequantizeOp):
+            split = widen_odd_rows(op) or split_odd_zero_point_groups(op)
+        new_ops += split or [op]
+        if split:
+            func.replace_all_uses(op.result, split[-1].result)
+    func.ops, new_ops = new_ops, []
     count = 0
     for op in func.ops:
         rows = _gathered_rows(op) if isinstance(op, GatherOp) else None
@@ -144,17 +234,21 @@ def fuse_function(func: Function) -> int:
         if fused is None:
             new_ops.append(op)
             continue
-        deq, trans_b, scale, zp, group = fused
+        deq, trans_b, codes, scale, zp, group = fused
         qparams = []
+        if codes is not None:
+            const = ConstantOp([], {"value": codes}, loc=deq.loc)
+            new_ops.append(const)
+        qparams.append(deq.operands[0] if codes is None else const.result)
         for arr, value in ((scale, deq.operands[1]), (zp, deq.operands[2])):
-            if arr.shape == value.type.shape:
+            if arr.shape == value.type.shape and codes is None:
                 qparams.append(value)
             else:
                 const = ConstantOp([], {"value": arr}, loc=deq.loc)
                 new_ops.append(const)
                 qparams.append(const.result)
         attrs = {"out": op.attrs["out"], "trans_b": trans_b, "group_size": group}
-        fused_op = MatMulW4A16Op([op.operands[0], deq.operands[0], *qparams], attrs, loc=op.loc)
+        fused_op = MatMulW4A16Op([op.operands[0], *qparams], attrs, loc=op.loc)
         new_ops.append(fused_op)
         func.replace_all_uses(op.result, fused_op.result)
         count += 1

@@ -70,7 +70,8 @@ def _weight(op: MatMulOp):
     n_axis = 0 if trans_b else 1
     axis, block = int(deq.attrs["axis"]) % 2, int(deq.attrs["block_size"])
     kind = qparam_granularity(ct, deq.operands[1].type, axis, block)
-    if kind == "tensor" or (kind == "axis" and axis == n_axis):
+    one_block = kind == "block" and axis != n_axis and block >= ct.shape[axis]  # a block spanning K
+    if kind == "tensor" or (kind == "axis" and axis == n_axis) or one_block:
         return deq.operands[0], trans_b, np.asarray(scale, np.float32).reshape(-1)
     return None
 

@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 import ml_dtypes
 import numpy as np
 
-from mcpc.errors import PassError, UnsupportedError
+from mcpc.errors import InputError, PassError, UnsupportedError
 from mcpc.ir.core import Function, Module, Operation, Value
 from mcpc.ir.ops import ConstantOp, DequantizeOp, DivOp, GatherOp, MatMulOp, QuantizeOp
 from mcpc.passes.calibration import CalibrationData, run_collecting
@@ -282,6 +282,13 @@ def quantize_function(
         x = None
         if resolve_algorithm(settings, calib is not None) in ("awq", "gptq"):
             x = xs[i]
+            if x.rows == 0:
+                raise InputError(
+                    f"quantize-weights: layer {layer.name!r} (weight {layer.weight_name!r}) saw no "
+                    f"calibration rows: its input is empty for every batch of {calib.source}; "
+                    "give calibration data that reaches it, or select a data-free algorithm (rtn or "
+                    "mse) for it under quantization.overrides"
+                )
         q = quantize_weight(_kn(layer), settings, x, layer.name)
         ops = _emit_layer(layer, q)
         new_for_const.setdefault(id(layer.const), []).extend(ops)

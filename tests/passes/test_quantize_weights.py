@@ -263,3 +263,13 @@ def test_a_resumed_run_equals_a_full_run_with_the_weight_replaced():
         resumed = run_collecting(func, feeds, start=first, env={**env, key: other})
         np.testing.assert_array_equal(full[0], resumed[0])
         assert not np.array_equal(full[0], ref[0])
+
+
+def test_run_collecting_hands_function_arguments_to_their_watchers():
+    """A matmul reading a graph input directly is calibrated: the argument's values reach its
+    watcher (they were never seen: GPTQ then raised 'no calibration inputs', exit 70)."""
+    module = import_onnx(tiny_lm())
+    seen = []
+    arg = module.main.args[0]
+    run_collecting(module.main, _feeds(), watch={id(arg): seen.append})
+    assert len(seen) == 1 and np.array_equal(seen[0], _feeds()["ids"])

@@ -64,3 +64,45 @@ def test_unfused_int4_dequantize_is_refused_naming_the_node():
     model.graph.output.append(helper.make_tensor_value_info("wsum", 1, []))
     with pytest.raises(UnsupportedError, match=r"DequantizeLinear.*i4 codes that do not feed a matmul"):
         _run(import_onnx(model), "fuse-dequantize-matmul,expand-quantize,dce")
+
+
+@pytest.mark.parametrize("hidden, block", [(64, 64), (96, 32), (64, 128)])
+def test_odd_4bit_zero_point_groups_are_split_with_the_same_bits(hidden, block):
+    """A tied uint4 table whose rows hold an odd number of groups (one group per row when the
+    block spans it) has zero-point rows that do not start on a byte: fuse-dequantize-matmul splits
+    the blocks (scales and zero points repeated) so the LM head fuses and the gathered rows
+    dequantize with vdequant; the values are the unsplit dequantize's, bit for bit."""
+    from qmodels import quantized_tied_lm
+
+    from mcpc.ir.ops_qmatmul import rows_dequantize
+    from mcpc.ir.ops_quant import DequantizeOp
+
+    model = quantized_tied_lm(hidden=hidden, block=min(block, hidden), dtype="u4", symmetric=False)
+    if block > hidden:  # an imported block larger than the axis: still one group per row
+        next(n for n in model.graph.node if n.op_type == "DequantizeLinear").attribute[1].i = block
+    ids = np.array([[3, 95, 0, 41, 3]], np.int64)
+    expect = interpret(import_onnx(model), {"ids": ids})["logits"]
+    fused = _run(import_onnx(model), "fuse-dequantize-matmul,dce")
+    assert _names(fused).count("mcp.matmul_w4a16") == 1
+    deqs = [op for op in fused.main.ops if isinstance(op, DequantizeOp)]
+    assert len(deqs) == 1 and rows_dequantize(deqs[0]) and deqs[0].operands[1].type.shape[-1] % 2 == 0
+    np.testing.assert_array_equal(interpret(fused, {"ids": ids})["logits"], expect)
+
+
+def test_rows_dequantize_refuses_odd_4bit_zero_point_rows():
+    """vdequant reads each row of a zero-point tile from a byte: a [rows, 1] uint4 zero point
+    stored packed two rows per byte is not such a tile (all-zero constant zero points are not read)."""
+    import ml_dtypes
+
+    from mcpc.ir.ops_core import ConstantOp
+    from mcpc.ir.ops_qmatmul import rows_dequantize
+    from mcpc.ir.ops_quant import DequantizeOp
+
+    def deq(groups: int, zp_value: int) -> DequantizeOp:
+        codes = ConstantOp([], {"value": np.zeros((4, 64), ml_dtypes.uint4)})
+        scale = ConstantOp([], {"value": np.ones((4, groups), np.float16)})
+        zp = ConstantOp([], {"value": np.full((4, groups), zp_value, ml_dtypes.uint4)})
+        return DequantizeOp([codes.result, scale.result, zp.result], {"axis": 1, "block_size": 64 // groups})
+
+    assert not rows_dequantize(deq(1, 8))
+    assert rows_dequantize(deq(1, 0)) and rows_dequantize(deq(2, 8))
