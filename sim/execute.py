@@ -373,25 +373,30 @@ def compile_dma(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, t
     return (_load if i.op == "load" else _store), args
 
 
-def matmul_operands(i: Instr | Decoded, b: _Bounds) -> tuple[tuple, tuple, tuple]:
-    """The A, B (n x k when ``trans_b``) and C (f32) operand descriptors of a matmul."""
+def matmul_operands(i: Instr | Decoded, b: _Bounds, b_dtype: str | None = None) -> tuple[tuple, tuple, tuple]:
+    """The A, B (n x k when ``trans_b``) and C (f32) operand descriptors of a matmul; B holds
+    ``b_dtype`` (a quantized matmul's codes), default the instruction's ``in_dtype``."""
     A = b.operand("A", i.a, i.m, i.k, i.a_stride, 0, i.in_dtype)
-    if i.trans_b:
-        B = b.operand("B", i.b, i.n, i.k, i.b_stride, 0, i.in_dtype)
-    else:
-        B = b.operand("B", i.b, i.k, i.n, i.b_stride, 0, i.in_dtype)
+    rows, cols = (i.n, i.k) if i.trans_b else (i.k, i.n)
+    B = b.operand("B", i.b, rows, cols, i.b_stride, 0, b_dtype or i.in_dtype)
     return A, B, b.operand("C", i.c, i.m, i.n, i.c_stride, 0, "f32")
+
+
+def _empty_matmul(i: Instr | Decoded, C: tuple) -> tuple[Handler, tuple] | None:
+    """The handler of a matmul with an empty extent (nothing, or C = 0 for an empty product when
+    not accumulating), None when the product has work."""
+    if i.m == 0 or i.n == 0:
+        return _nop, ()
+    if i.k == 0:
+        return (_nop, ()) if i.acc else (_fill0, (C,))
+    return None
 
 
 def compile_matmul(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
     if i.in_dtype not in target.mac.macs_per_cycle:
         raise Fault(f"illegal instruction: target {target.name} has no matmul rate for {i.in_dtype}")
     A, B, C = matmul_operands(i, b)
-    if i.m == 0 or i.n == 0:
-        return _nop, ()
-    if i.k == 0:  # an empty product: C = 0 (or unchanged when accumulating)
-        return (_nop, ()) if i.acc else (_fill0, (C,))
-    return _matmul, (A, B, C, i.trans_b, i.acc)
+    return _empty_matmul(i, C) or (_matmul, (A, B, C, i.trans_b, i.acc))
 
 
 _SCALE_DTYPES = frozenset({"f16", "bf16", "f32"})
@@ -403,15 +408,9 @@ def compile_matmul_w4a16(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[H
         raise Fault(f"illegal instruction: target {target.name} has no matmul rate for {i.in_dtype}")
     if i.w_dtype not in _CODE_DTYPES or i.s_dtype not in _SCALE_DTYPES:
         raise Fault(f"illegal instruction: matmul_w4a16 with w_dtype {i.w_dtype}, s_dtype {i.s_dtype}")
-    A = b.operand("A", i.a, i.m, i.k, i.a_stride, 0, i.in_dtype)
-    rows, cols = (i.n, i.k) if i.trans_b else (i.k, i.n)
-    B = b.operand("B", i.b, rows, cols, i.b_stride, 0, i.w_dtype)
-    C = b.operand("C", i.c, i.m, i.n, i.c_stride, 0, "f32")
-    if i.m == 0 or i.n == 0:
-        return _nop, ()
-    if i.k == 0:
-        return (_nop, ()) if i.acc else (_fill0, (C,))
-    return _matmul_w4a16, (A, B, C, i.trans_b, i.acc, i.in_dtype, i.w_dtype, i.s_dtype)
+    A, B, C = matmul_operands(i, b, i.w_dtype)
+    work = (_matmul_w4a16, (A, B, C, i.trans_b, i.acc, i.in_dtype, i.w_dtype, i.s_dtype))
+    return _empty_matmul(i, C) or work
 
 
 # unsigned codes multiply at their signed width's rate
@@ -427,15 +426,8 @@ def compile_qa(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tu
     for dt in (i.q_dtype, i.w_dtype):
         if MAC_RATE_DTYPE.get(dt, dt) not in target.mac.macs_per_cycle:
             raise Fault(f"illegal instruction: target {target.name} has no matmul rate for {dt}")
-    A = b.operand("A", i.a, i.m, i.k, i.a_stride, 0, i.in_dtype)
-    rows, cols = (i.n, i.k) if i.trans_b else (i.k, i.n)
-    B = b.operand("B", i.b, rows, cols, i.b_stride, 0, i.w_dtype)
-    C = b.operand("C", i.c, i.m, i.n, i.c_stride, 0, "f32")
-    if i.m == 0 or i.n == 0:
-        return _nop, ()
-    if i.k == 0:
-        return (_nop, ()) if i.acc else (_fill0, (C,))
-    return _qa, (A, B, C, i.trans_b, i.acc, i.q_dtype)
+    A, B, C = matmul_operands(i, b, i.w_dtype)
+    return _empty_matmul(i, C) or (_qa, (A, B, C, i.trans_b, i.acc, i.q_dtype))
 
 
 def compile_vdequant(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
