@@ -27,7 +27,18 @@ def normalize_axes(axes, rank: int) -> list[int]:
     return out
 
 
-class MatMulOp(Operation):
+class OutDtypeOfA(Operation):
+    """An op whose ``out`` attribute (the result dtype) defaults to its first operand's dtype: the
+    matmuls, float and quantized."""
+
+    def __init__(self, operands, attrs=None, result_types=None, loc=None):
+        attrs = dict(attrs or {})
+        if "out" not in attrs and operands:
+            attrs["out"] = operands[0].type.dtype
+        super().__init__(operands, attrs, result_types, loc)
+
+
+class MatMulOp(OutDtypeOfA):
     """``mcp.matmul a, b {out, trans_b, tile}``: batched matrix product with numpy broadcasting.
 
     Operands: ``a`` of shape ``[..., M, K]`` and ``b`` of shape ``[..., K, N]`` (``[..., N, K]``
@@ -45,12 +56,6 @@ class MatMulOp(Operation):
         "trans_b": Attr("bool", False, doc="b's last two dims are swapped"),
         "tile": Attr("ints", [], doc="[] or [tm, tn, tk]: accumulation order"),
     }
-
-    def __init__(self, operands, attrs=None, result_types=None, loc=None):
-        attrs = dict(attrs or {})
-        if "out" not in attrs and operands:
-            attrs["out"] = operands[0].type.dtype
-        super().__init__(operands, attrs, result_types, loc)
 
     @classmethod
     def infer_types(cls, operand_types, attrs):

@@ -14,6 +14,7 @@ import numpy as np
 
 from mcpc.ir.core import Attr, Operation
 from mcpc.ir.dtypes import DType
+from mcpc.ir.ops_nn import OutDtypeOfA
 from mcpc.ir.types import TensorType
 
 WEIGHT_CODE_DTYPES = frozenset({"i4", "u4", "i8", "u8"})
@@ -27,7 +28,7 @@ def scale_shape(codes: tuple[int, ...], group: int, trans_b: bool) -> tuple[int,
     return (n, groups) if trans_b else (groups, n)
 
 
-class MatMulW4A16Op(Operation):
+class MatMulW4A16Op(OutDtypeOfA):
     """``mcp.matmul_w4a16 a, codes, scale, zero_point {out, trans_b, tile, group_size}``.
 
     ``a`` is ``[..., M, K]`` of a float dtype; ``codes`` is the weight ``[K, N]`` (``[N, K]`` when
@@ -50,12 +51,6 @@ class MatMulW4A16Op(Operation):
         "tile": Attr("ints", [], doc="[] or [tm, tn, tk]: accumulation order"),
         "group_size": Attr("int", 0, doc="elements of K per scale; 0: one scale per column"),
     }
-
-    def __init__(self, operands, attrs=None, result_types=None, loc=None):
-        attrs = dict(attrs or {})
-        if "out" not in attrs and operands:
-            attrs["out"] = operands[0].type.dtype
-        super().__init__(operands, attrs, result_types, loc)
 
     @classmethod
     def infer_types(cls, operand_types, attrs):
@@ -120,7 +115,7 @@ ACTIVATION_CODE_DTYPES = frozenset({"i4", "i8", "u8"})
 QA_WEIGHT_DTYPES = frozenset({"i4", "i8", "f8e4m3fn"})
 
 
-class MatMulQAOp(Operation):
+class MatMulQAOp(OutDtypeOfA):
     """``mcp.matmul_qa a, codes, scale, zero_point {scale_a, out, trans_b, tile}``: a matmul whose
     activations are quantized on the fly (the ``vmmul.q4f8`` and ``matmul_i8`` instructions).
 
@@ -141,12 +136,6 @@ class MatMulQAOp(Operation):
         "trans_b": Attr("bool", False, doc="codes are stored [N, K]"),
         "tile": Attr("ints", [], doc="[] or [tm, tn, tk]: accumulation order"),
     }
-
-    def __init__(self, operands, attrs=None, result_types=None, loc=None):
-        attrs = dict(attrs or {})
-        if "out" not in attrs and operands:
-            attrs["out"] = operands[0].type.dtype
-        super().__init__(operands, attrs, result_types, loc)
 
     @classmethod
     def infer_types(cls, operand_types, attrs):
