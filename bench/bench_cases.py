@@ -155,18 +155,24 @@ SIM_SPEED_TARGET = "mcp2026-a100"
 _REAL_MODELS = Path(__file__).resolve().parent.parent / "tests" / "real_models"
 
 
+def load_minilm(needed_by: str) -> tuple[onnx.ModelProto, Callable]:
+    """The real MiniLM-L3 export (the ``models`` extra) and ``realistic_inputs(model, batch, seq,
+    seed)`` of tests/real_models; InputError naming ``needed_by`` when the export is missing."""
+    sys.path.insert(0, str(_REAL_MODELS))
+    try:
+        from real_model import MINILM, realistic_inputs
+    finally:
+        sys.path.remove(str(_REAL_MODELS))
+    try:
+        path = MINILM.path()
+    except LookupError as e:
+        raise InputError(f"{needed_by} needs the real MiniLM export: {e}") from None
+    return onnx.load(str(path)), realistic_inputs
+
+
 def _minilm(batch: int, seq: int) -> Callable:
     def build(seed: int):
-        sys.path.insert(0, str(_REAL_MODELS))
-        try:
-            from real_model import MINILM, realistic_inputs
-        finally:
-            sys.path.remove(str(_REAL_MODELS))
-        try:
-            path = MINILM.path()
-        except LookupError as e:
-            raise InputError(f"the minilm_l3 case needs the real MiniLM export: {e}") from None
-        model = onnx.load(str(path))
+        model, realistic_inputs = load_minilm("the minilm_l3 case")
         return model, realistic_inputs(model, batch, seq, seed)
 
     return build

@@ -20,13 +20,12 @@ from __future__ import annotations
 import copy
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import onnx
+from bench_cases import load_minilm
 from onnx import numpy_helper
 
-from mcpc.errors import InputError
 from mcpc.passes.quant import (
     InputStats,
     QuantSpec,
@@ -38,21 +37,11 @@ from mcpc.passes.quant import (
     quantize_rtn,
 )
 
-_REAL_MODELS = Path(__file__).resolve().parent.parent / "tests" / "real_models"
 BLOCK = 32
 
 
 def _minilm():
-    sys.path.insert(0, str(_REAL_MODELS))
-    try:
-        from real_model import MINILM, realistic_inputs
-    finally:
-        sys.path.remove(str(_REAL_MODELS))
-    try:
-        path = MINILM.path()
-    except LookupError as e:
-        raise InputError(f"the quantization bench needs the real MiniLM export: {e}") from None
-    return onnx.load(str(path)), realistic_inputs
+    return load_minilm("the quantization bench")
 
 
 def linear_weights(model: onnx.ModelProto) -> list[tuple[str, str, np.ndarray]]:
