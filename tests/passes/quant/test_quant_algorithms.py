@@ -236,12 +236,12 @@ def test_input_stats_buffer_small_batches_and_flush_on_read():
     x = rng.standard_normal((5000, 24)).astype(np.float32)
     whole = InputStats.of(x)
     parts = InputStats(24)
-    for i in range(0, 3000, 48):
-        parts.update(x[i : i + 48])
+    for i in range(0, 3000, 50):
+        parts.update(x[i : i + 50])
     mid = parts.hessian.copy()
     np.testing.assert_allclose(mid, InputStats.of(x[:3000]).hessian, rtol=1e-5, atol=1e-6)
-    for i in range(3000, 5000, 48):
-        parts.update(x[i : i + 48])
+    for i in range(3000, 5000, 50):
+        parts.update(x[i : i + 50])
     assert parts.rows == whole.rows == 5000
     np.testing.assert_allclose(parts.hessian, whole.hessian, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(parts.mean_abs, whole.mean_abs, rtol=1e-6)
