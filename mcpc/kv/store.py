@@ -1,0 +1,170 @@
+"""The one entry point from K/V values to stored KV blocks and back.
+
+``store_kv_block`` takes one layer's block of K or V (every KV head's rows of one 64-token block),
+applies the sparsity policy and the quantization of ``KvSettings``, and returns one
+``StoredBlock`` per head: the encoded bytes (``mcpc.kv.codec``, CRC-8 last) and what they hold.
+``load_kv_block`` turns a stored block back into values of the activation dtype, checking the CRC
+(``KVBlockCorrupt`` naming the block when it fails).  The compiler, the simulator and the KV
+manager call these two; the timing model charges ``StoredBlock.nbytes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mcpc.errors import InternalError
+from mcpc.kv import policies
+from mcpc.kv.codec import STORAGE_DTYPES, decode_block, encode_block
+from mcpc.kv.quant import DEFAULT_TOL, QuantRows, dequantize_rows, passes_check, quantize_rows, relative_error
+
+KV_QUANT = ("fp16", "int8")
+DEFAULT_RATIO = 0.7  # the seed's sparsity_ratio, when a policy is set without one
+DEFAULT_RECENT = 16
+DEFAULT_MIN_WINDOW = 64
+FLOAT_KINDS = {np.dtype(v): k for k, v in STORAGE_DTYPES.items() if k != "int8"}
+
+
+@dataclass(frozen=True)
+class KvSettings:
+    """What the KV cache stores.  ``quant``: ``fp16`` (FP16_Retain: unquantized, in the activation
+    dtype) or ``int8`` (INT8_Asymmetric, a block failing ``quant_tol`` kept unquantized);
+    ``policy`` and ``sparsity_ratio`` (dropped fraction; ``per_layer`` maps a layer index to its
+    own ratio); ``recent_window`` for ``heavy_hitter``; the dynamic window (``dynamic_window``,
+    ``min_window``) changes which positions a query attends, not what a block stores."""
+
+    quant: str = "fp16"
+    quant_tol: float = DEFAULT_TOL
+    policy: str = "none"
+    sparsity_ratio: float = 0.0
+    per_layer: Mapping[int, float] = field(default_factory=dict)
+    recent_window: int = DEFAULT_RECENT
+    dynamic_window: bool = False
+    min_window: int = DEFAULT_MIN_WINDOW
+
+    def __post_init__(self):
+        if self.quant not in KV_QUANT:
+            raise ValueError(f"quant: expected one of {', '.join(KV_QUANT)}, got {self.quant!r}")
+        if self.policy not in policies.POLICIES:
+            raise ValueError(f"policy: expected one of {', '.join(policies.POLICIES)}, got {self.policy!r}")
+        for r in (self.sparsity_ratio, *self.per_layer.values()):
+            policies.keep_count(1, r)  # raises for a ratio outside [0, 1)
+
+    def ratio(self, layer: int) -> float:
+        """The dropped fraction of ``layer`` (0 without a policy)."""
+        if self.policy == "none":
+            return 0.0
+        return float(self.per_layer.get(layer, self.sparsity_ratio))
+
+    @property
+    def compresses(self) -> bool:
+        """Whether blocks are stored other than dense in the activation dtype."""
+        return self.quant == "int8" or (
+            self.policy != "none" and (self.sparsity_ratio > 0 or any(r > 0 for r in self.per_layer.values()))
+        )
+
+
+@dataclass(frozen=True)
+class AttentionStats:
+    """What the attention-driven policies need about one layer block.  ``head_entropy`` [kv_heads]
+    (``topk_entropy``; ``policies.attention_entropy``); ``heat`` [kv_heads, rows] the accumulated
+    attention of the block's positions (``heavy_hitter``; ``policies.attention_heat`` summed over
+    steps); ``first_position`` the sequence position of the block's first row and ``seq_len`` the
+    sequence's current length (``heavy_hitter``'s recent window)."""
+
+    head_entropy: np.ndarray | None = None
+    heat: np.ndarray | None = None
+    first_position: int = 0
+    seq_len: int | None = None
+
+
+@dataclass(frozen=True)
+class StoredBlock:
+    """One head's stored block.  ``data`` the encoded bytes (CRC-8 last); ``kind`` the value
+    format (``int8``, or the activation dtype ``f16``/``f32``/``bf16``); ``fp16_retained`` True when
+    int8 was asked and the block failed the error check (FP16_Retain); ``quant_error`` the
+    measured ``max|dequant(quant(x)) - x| / max|x|`` when int8 was asked (else None); ``kept``
+    values stored of ``rows x cols``; ``tiles`` each column tile's format."""
+
+    data: bytes
+    kind: str
+    fp16_retained: bool
+    quant_error: float | None
+    rows: int
+    cols: int
+    kept: int
+    tiles: tuple[str, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the block occupies in NPU memory (header, scales, bitmap/coordinates, CRC)."""
+        return len(self.data)
+
+    @property
+    def density(self) -> float:
+        """Kept values / all values of the block."""
+        return self.kept / (self.rows * self.cols)
+
+
+def _mask(x: np.ndarray, settings: KvSettings, layer: int, stats: AttentionStats | None) -> np.ndarray:
+    ratio = settings.ratio(layer)
+    if ratio == 0.0:
+        return np.ones(x.shape, bool)
+    if settings.policy == "topk_magnitude":
+        return policies.topk_magnitude(x, ratio)
+    if settings.policy == "topk_entropy":
+        if stats is None or stats.head_entropy is None:
+            raise InternalError(f"layer {layer}: the topk_entropy policy needs the heads' attention entropy")
+        return policies.topk_entropy(x, ratio, stats.head_entropy)
+    if stats is None or stats.heat is None or stats.seq_len is None:
+        raise InternalError(f"layer {layer}: the heavy_hitter policy needs the positions' heat and seq_len")
+    return policies.heavy_hitter(
+        x, ratio, stats.heat, stats.first_position, stats.seq_len, settings.recent_window
+    )
+
+
+def store_kv_block(
+    block: np.ndarray, settings: KvSettings, layer: int, stats: AttentionStats | None = None
+) -> list[StoredBlock]:
+    """Store one layer's block of K or V: ``block`` [kv_heads, rows (1..64), head_dim] in the
+    activation dtype (f16, f32 or bf16).  Returns one StoredBlock per head, in head order."""
+    block = np.asarray(block)
+    if block.ndim != 3:
+        raise InternalError(f"a KV layer block is [kv_heads, rows, head_dim], got shape {block.shape}")
+    act = FLOAT_KINDS.get(block.dtype)
+    if act is None:
+        raise InternalError(f"KV values must be f16, f32 or bf16, got {block.dtype}")
+    mask = _mask(block, settings, layer, stats)
+    out = []
+    for h in range(block.shape[0]):
+        x, keep = block[h], mask[h]
+        kept = int(keep.sum())
+        if settings.quant == "int8":
+            q = quantize_rows(x, keep)
+            error = relative_error(x, dequantize_rows(q, act), keep)
+            if passes_check(error, settings.quant_tol):
+                data, tiles = encode_block("int8", q.codes, keep, q.scale, q.zero_point)
+                out.append(StoredBlock(data, "int8", False, error, *x.shape, kept, tiles))
+                continue
+        else:
+            error = None
+        values = np.where(keep, x, np.zeros((), x.dtype)).astype(x.dtype)
+        data, tiles = encode_block(act, values, keep)
+        out.append(StoredBlock(data, act, settings.quant == "int8", error, *x.shape, kept, tiles))
+    return out
+
+
+def load_kv_block(stored: StoredBlock | bytes, out: str | None = None, block: str = "?") -> np.ndarray:
+    """The values [rows, head_dim] a stored block holds, dropped positions 0, in ``out`` (default:
+    the block's own float kind; int8 blocks default to f32).  Checks the CRC-8 first: raises
+    ``KVBlockCorrupt`` naming ``block`` when the bytes are corrupt."""
+    data = stored.data if isinstance(stored, StoredBlock) else stored
+    d = decode_block(data, block)
+    if d.kind == "int8":
+        values = dequantize_rows(QuantRows(d.values, d.scale, d.zero_point), out or "f32")
+        return np.where(d.mask, values, np.zeros((), values.dtype))
+    if out is None or out == d.kind:
+        return d.values
+    return d.values.astype(STORAGE_DTYPES[out])
