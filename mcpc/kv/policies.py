@@ -45,9 +45,15 @@ def _rank_key(x: np.ndarray) -> np.ndarray:
 def topk_flat(x: np.ndarray, k: int) -> np.ndarray:
     """Mask of the ``k`` largest |x| (any shape; ties to the lower flat index; NaN/inf first)."""
     flat = _rank_key(x).reshape(-1)
-    mask = np.zeros(flat.size, bool)
-    if k > 0:
-        mask[np.argsort(-flat, kind="stable")[:k]] = True
+    n = flat.size
+    if k >= n:
+        return np.ones(np.shape(x), bool)
+    if k <= 0:
+        return np.zeros(np.shape(x), bool)
+    threshold = np.partition(flat, n - k)[n - k]  # the k-th largest
+    mask = flat > threshold
+    ties = np.flatnonzero(flat == threshold)[: k - int(mask.sum())]  # the lowest indices
+    mask[ties] = True
     return mask.reshape(np.shape(x))
 
 

@@ -58,6 +58,30 @@ class KvSettings:
             return 0.0
         return float(self.per_layer.get(layer, self.sparsity_ratio))
 
+    def to_json(self) -> dict:
+        """The settings as JSON-ready data (the .mcpb META ``decoder.kv_quant`` of a decoder build
+        that compresses its KV cache); ``from_json`` reads it back."""
+        return {
+            "quant": self.quant,
+            "quant_tol": self.quant_tol,
+            "policy": self.policy,
+            "sparsity_ratio": self.sparsity_ratio,
+            "per_layer": {str(k): v for k, v in sorted(self.per_layer.items())},
+            "recent_window": self.recent_window,
+            "dynamic_window": self.dynamic_window,
+            "min_window": self.min_window,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> KvSettings:
+        """Settings from ``to_json``'s data (ValueError for unknown keys or values)."""
+        data = dict(data)
+        data["per_layer"] = {int(k): float(v) for k, v in data.get("per_layer", {}).items()}
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown KV settings {sorted(unknown)}")
+        return cls(**data)
+
     @property
     def compresses(self) -> bool:
         """Whether blocks are stored other than dense in the activation dtype."""

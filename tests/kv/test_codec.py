@@ -18,6 +18,20 @@ def test_crc8_is_crc8_smbus():
     assert crc8(b"6789", crc8(b"12345")) == 0xF4  # fed in pieces
 
 
+def _crc8_bytewise(data: bytes, crc: int = 0) -> int:
+    for byte in data:  # the textbook shift register, bit by bit
+        crc ^= byte
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x07) & 0xFF if crc & 0x80 else (crc << 1) & 0xFF
+    return crc
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=3000), st.integers(0, 255))
+def test_crc8_folding_equals_the_shift_register(data, start):
+    assert crc8(data, start) == _crc8_bytewise(data, start)
+
+
 def test_tile_format_thresholds():
     assert tile_format(4096, 4096, 2) == DENSE
     assert tile_format(4096, 512, 2) == BITMAP  # density exactly 1/8

@@ -139,3 +139,18 @@ def test_dynamic_window_rule():
     assert dynamic_window_left(np.full(6, np.nan), min_window=2) == 4
     assert dynamic_window_left(np.zeros(5), min_window=2) == 0
     assert policies.HEAT_FACTOR == 0.6
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    hnp.arrays(
+        np.float32, st.integers(1, 300), elements=st.sampled_from([0.0, 1.0, -1.0, 2.5, np.nan, np.inf])
+    ),
+    st.integers(0, 300),
+)
+def test_topk_flat_is_a_stable_sort(x, k):
+    """The O(n) selection equals the definition: a stable sort by rank key, the first k."""
+    key = np.where(np.isfinite(np.abs(x)), np.abs(x), np.inf)
+    want = np.zeros(x.size, bool)
+    want[np.argsort(-key, kind="stable")[:k]] = True
+    assert (policies.topk_flat(x, k) == want).all()

@@ -134,3 +134,17 @@ def test_int8_load_uses_the_quant_kernels():
     x = np.random.default_rng(2).standard_normal((1, 64, 32)).astype(np.float16)
     b = store_kv_block(x, KvSettings(quant="int8"), 0)[0]
     assert load_kv_block(b, "f16").tobytes() == dequantize_rows(quantize_rows(x[0]), "f16").tobytes()
+
+
+def test_settings_json_round_trip():
+    import json
+
+    s = KvSettings("int8", 0.01, "heavy_hitter", 0.6, {2: 0.5, 0: 0.0}, 8, True, 32)
+
+    data = json.loads(json.dumps(s.to_json()))
+    assert data["per_layer"] == {"0": 0.0, "2": 0.5}
+    assert KvSettings.from_json(data) == s and KvSettings.from_json(KvSettings().to_json()) == KvSettings()
+    assert s.compresses and not KvSettings().compresses and KvSettings(quant="int8").compresses
+    assert not KvSettings(policy="topk_magnitude").compresses  # a policy with ratio 0 drops nothing
+    with pytest.raises(ValueError, match="unknown KV settings"):
+        KvSettings.from_json({**data, "bits": 8})
