@@ -180,7 +180,7 @@ def with_kv_flags(config, quant: str | None, sparsity_ratio: float | None, polic
         section.pop("per_layer", None)
         section.pop("recent_window", None)
         section.pop("sparsity_ratio", None)
-    if "sparsity_ratio" in given and given.get("policy", section.get("policy", "none")) == "none":
+    if given.get("sparsity_ratio") and given.get("policy", section.get("policy", "none")) == "none":
         raise UsageError(
             f"{flags}: a sparsity ratio needs a policy: add --kv-policy topk_magnitude|topk_entropy|"
             f"heavy_hitter (config {config.source} sets none)"

@@ -148,3 +148,39 @@ def test_settings_json_round_trip():
     assert not KvSettings(policy="topk_magnitude").compresses  # a policy with ratio 0 drops nothing
     with pytest.raises(ValueError, match="unknown KV settings"):
         KvSettings.from_json({**data, "bits": 8})
+
+
+def _attention(q, k, v):
+    s = q.astype(np.float64) @ k.astype(np.float64).T / np.sqrt(q.shape[1])
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    return (p / p.sum(axis=1, keepdims=True)) @ v.astype(np.float64)
+
+
+def test_int8_kv_barely_moves_attention_and_sparsity_moves_it_more():
+    """What the compressed cache costs where it is used: attention over 4 blocks (256 positions) of
+    K/V read back from their stored blocks, against the fp16 values (normwise relative error of the
+    output)."""
+    rng = np.random.default_rng(5)
+    k = rng.standard_normal((256, 64)).astype(np.float16)
+    v = rng.standard_normal((256, 64)).astype(np.float16)
+    q = (rng.standard_normal((8, 64)) * 2).astype(np.float16)  # logits of std 2
+    exact = _attention(q, k, v)
+
+    def error(settings):
+        blocks = [
+            np.concatenate(
+                [
+                    load_kv_block(store_kv_block(x[None, j : j + 64], settings, 0)[0], "f16")
+                    for j in range(0, 256, 64)
+                ]
+            )  # fmt: skip
+            for x in (k, v)
+        ]
+        got = _attention(q, *blocks)
+        return np.linalg.norm(got - exact) / np.linalg.norm(exact)
+
+    int8 = error(KvSettings(quant="int8"))
+    sparse = error(KvSettings(quant="int8", policy="topk_magnitude", sparsity_ratio=0.7))
+    # about 1 % here (an attention output averages V, so its norm is small next to a weight's
+    # error); dropping 70 % of K and V element-wise by magnitude costs far more (about 85 %)
+    assert int8 < 2e-2 and sparse > 10 * int8
