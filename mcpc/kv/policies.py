@@ -5,7 +5,8 @@ to 64; cols = head_dim) and returns a keep mask of that shape.  ``ratio`` is the
 a set of ``n`` values keeps ``keep_count(n, ratio) = n - floor(ratio * n)`` (so at least
 ``(1 - ratio) * n``).  Ties in a ranking go to the lower index (element or earlier token), except
 ``heavy_hitter``, where equal heat prefers the more recent token.  NaN and ±inf rank above every
-finite magnitude, so a non-finite value is never silently dropped while the budget allows.
+finite magnitude, so the element-wise policies keep a non-finite value while the budget allows;
+``heavy_hitter`` ranks tokens by heat alone (a NaN heat ranks first).
 
 * ``topk_magnitude``: in each tile (the rows x 64 head-dim columns of one head) keep the
   ``keep_count`` largest |values|.

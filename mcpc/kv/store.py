@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mcpc.arch import numerics
 from mcpc.errors import InternalError
 from mcpc.kv import policies
 from mcpc.kv.codec import STORAGE_DTYPES, decode_block, encode_block
@@ -184,6 +185,8 @@ def load_kv_block(stored: StoredBlock | bytes, out: str | None = None, block: st
     """The values [rows, head_dim] a stored block holds, dropped positions 0, in ``out`` (default:
     the block's own float kind; int8 blocks default to f32).  Checks the CRC-8 first: raises
     ``KVBlockCorrupt`` naming ``block`` when the bytes are corrupt."""
+    if out is not None and out not in FLOAT_KINDS.values():
+        raise InternalError(f"KV values are read as f16, f32 or bf16, not {out!r}")
     data = stored.data if isinstance(stored, StoredBlock) else stored
     d = decode_block(data, block)
     if d.kind == "int8":
@@ -191,4 +194,4 @@ def load_kv_block(stored: StoredBlock | bytes, out: str | None = None, block: st
         return np.where(d.mask, values, np.zeros((), values.dtype))
     if out is None or out == d.kind:
         return d.values
-    return d.values.astype(STORAGE_DTYPES[out])
+    return numerics.cast(d.values, out)
