@@ -5,7 +5,14 @@ format with its CRC-8, and the entry point the compiler, the simulator and the K
 from mcpc.kv.codec import KVBlockCorrupt, decode_block, encode_block
 from mcpc.kv.crc import crc8
 from mcpc.kv.policies import POLICIES, attention_entropy, attention_heat, dynamic_window_left, keep_count
-from mcpc.kv.store import AttentionStats, KvSettings, StoredBlock, load_kv_block, store_kv_block
+from mcpc.kv.store import (
+    AttentionStats,
+    KvSettings,
+    StoredBlock,
+    load_kv_block,
+    nominal_block_bytes,
+    store_kv_block,
+)
 
 __all__ = [
     "POLICIES",
@@ -21,5 +28,6 @@ __all__ = [
     "encode_block",
     "keep_count",
     "load_kv_block",
+    "nominal_block_bytes",
     "store_kv_block",
 ]

@@ -18,8 +18,9 @@ import numpy as np
 from mcpc.arch import numerics
 from mcpc.errors import InternalError
 from mcpc.kv import policies
-from mcpc.kv.codec import STORAGE_DTYPES, decode_block, encode_block
+from mcpc.kv.codec import HEADER_BYTES, STORAGE_DTYPES, decode_block, encode_block
 from mcpc.kv.quant import DEFAULT_TOL, QuantRows, dequantize_rows, passes_check, quantize_rows, relative_error
+from mcpc.kv.sparse import BITMAP, DENSE, TILE, tile_format
 
 KV_QUANT = ("fp16", "int8")
 DEFAULT_RATIO = 0.7  # the seed's sparsity_ratio, when a policy is set without one
@@ -178,6 +179,46 @@ def store_kv_block(
         values = np.where(keep, x, np.zeros((), x.dtype)).astype(x.dtype)
         data, tiles = encode_block(act, values, keep)
         out.append(StoredBlock(data, act, settings.quant == "int8", error, *x.shape, kept, tiles))
+    return out
+
+
+def nominal_block_bytes(
+    settings: KvSettings, layer: int, kv_heads: int, rows: int, head_dim: int, act: str
+) -> list[int]:
+    """Bytes of each head's stored block (as ``store_kv_block`` returns them) when the sizes cannot
+    be measured — a timing-only run has no values: what ``store_kv_block`` produces when int8
+    passes its check, ``topk_entropy`` splits evenly, a ``heavy_hitter`` block holds no recent
+    token, and the values of a coordinate-coded tile lie evenly spaced.  Exact for dense and bitmap
+    tiles under those assumptions; a coordinate tile may differ by min(kept, elements / 128) bytes
+    (a delta of 128 or more takes a second varint byte)."""
+    if act not in FLOAT_KINDS.values():
+        raise InternalError(f"KV values are f16, f32 or bf16, not {act!r}")
+    kind = "int8" if settings.quant == "int8" else act
+    value_bytes = STORAGE_DTYPES[kind].itemsize
+    ratio = settings.ratio(layer)
+    widths = [min(TILE, head_dim - c) for c in range(0, head_dim, TILE)]
+    sizes = np.array([rows * w for w in widths])
+    if settings.policy == "heavy_hitter" and ratio > 0:
+        kept = [[policies.keep_count(rows, ratio) * w for w in widths]] * kv_heads
+    elif settings.policy == "topk_entropy" and ratio > 0:
+        budget = policies.keep_count(kv_heads * rows * head_dim, ratio)
+        per_head = policies.apportion(budget, np.ones(kv_heads), np.full(kv_heads, rows * head_dim))
+        kept = [policies.apportion(int(k), sizes, sizes).tolist() for k in per_head]
+    else:
+        kept = [[policies.keep_count(int(n), ratio) for n in sizes]] * kv_heads
+    out = []
+    for head in kept:
+        total = HEADER_BYTES + 1 + (3 * rows if kind == "int8" else 0)
+        for n, k in zip(sizes.tolist(), head, strict=True):
+            fmt = tile_format(n, k, value_bytes)
+            total += 1 + k * value_bytes
+            if fmt == DENSE:
+                total += (n - k) * value_bytes
+            elif fmt == BITMAP:
+                total += (n + 7) // 8
+            else:
+                total += 2 + (k if k == 0 or n // k <= 128 else 2 * k)
+        out.append(total)
     return out
 
 

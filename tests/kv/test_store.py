@@ -184,3 +184,34 @@ def test_int8_kv_barely_moves_attention_and_sparsity_moves_it_more():
     # about 1 % here (an attention output averages V, so its norm is small next to a weight's
     # error); dropping 70 % of K and V element-wise by magnitude costs far more (about 85 %)
     assert int8 < 2e-2 and sparse > 10 * int8
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(1, 64),
+    st.sampled_from([8, 64, 100, 128]),
+    st.sampled_from(["f16", "f32"]),
+    st.sampled_from(["fp16", "int8"]),
+    st.sampled_from(["none", "topk_magnitude", "topk_entropy", "heavy_hitter"]),
+    st.sampled_from([0.0, 0.5, 0.7, 0.9, 0.95, 0.99]),
+    st.integers(0, 2**16),
+)
+def test_nominal_block_bytes_match_what_is_stored(rows, cols, act, quant, policy, ratio, seed):
+    """The size a timing-only run charges: what store_kv_block produces (int8 passing, an even
+    entropy split, no recent token), coordinate tiles within one byte per delta of 128 elements."""
+    from mcpc.kv.store import nominal_block_bytes
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((2, rows, cols)).astype(np.float16 if act == "f16" else np.float32)
+    s = KvSettings(quant=quant, policy=policy, sparsity_ratio=ratio if policy != "none" else 0.0)
+    stats = AttentionStats(head_entropy=np.ones(2), heat=rng.random((2, rows)), seq_len=10**6)
+    stored = store_kv_block(x, s, 0, stats)
+    nominal = nominal_block_bytes(s, 0, 2, rows, cols, act)
+    assert len(nominal) == len(stored)
+    for b, want in zip(stored, nominal, strict=True):
+        assert not b.fp16_retained
+        if "coords" in b.tiles:
+            slack = sum(min(b.kept, rows * 64 // 128) for _ in b.tiles)
+            assert abs(b.nbytes - want) <= slack
+        else:
+            assert b.nbytes == want
