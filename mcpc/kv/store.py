@@ -18,7 +18,7 @@ import numpy as np
 from mcpc.arch import numerics
 from mcpc.errors import InternalError
 from mcpc.kv import policies
-from mcpc.kv.codec import HEADER_BYTES, STORAGE_DTYPES, decode_block, encode_block
+from mcpc.kv.codec import HEADER_BYTES, MAX_ROWS, STORAGE_DTYPES, decode_block, encode_block
 from mcpc.kv.quant import DEFAULT_TOL, QuantRows, dequantize_rows, passes_check, quantize_rows, relative_error
 from mcpc.kv.sparse import BITMAP, DENSE, TILE, tile_format
 
@@ -53,6 +53,11 @@ class KvSettings:
             raise ValueError(f"policy: expected one of {', '.join(policies.POLICIES)}, got {self.policy!r}")
         for r in (self.sparsity_ratio, *self.per_layer.values()):
             policies.keep_count(1, r)  # raises for a ratio outside [0, 1)
+        if not self.quant_tol > 0 or self.recent_window < 0 or self.min_window < 1:
+            raise ValueError(
+                f"quant_tol must be > 0 (got {self.quant_tol}), recent_window >= 0 (got "
+                f"{self.recent_window}), min_window >= 1 (got {self.min_window})"
+            )
 
     def ratio(self, layer: int) -> float:
         """The dropped fraction of ``layer`` (0 without a policy)."""
@@ -157,8 +162,10 @@ def store_kv_block(
     """Store one layer's block of K or V: ``block`` [kv_heads, rows (1..64), head_dim] in the
     activation dtype (f16, f32 or bf16).  Returns one StoredBlock per head, in head order."""
     block = np.asarray(block)
-    if block.ndim != 3:
-        raise InternalError(f"a KV layer block is [kv_heads, rows, head_dim], got shape {block.shape}")
+    if block.ndim != 3 or not 1 <= block.shape[1] <= MAX_ROWS or block.shape[2] < 1:
+        raise InternalError(
+            f"a KV layer block is [kv_heads, 1..{MAX_ROWS} rows, head_dim], got shape {block.shape}"
+        )
     act = FLOAT_KINDS.get(block.dtype)
     if act is None:
         raise InternalError(f"KV values must be f16, f32 or bf16, got {block.dtype}")

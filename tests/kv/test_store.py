@@ -108,6 +108,10 @@ def test_policies_without_their_statistics_are_an_internal_error():
         store_kv_block(x, KvSettings(policy="heavy_hitter", sparsity_ratio=0.7), layer=1)
     with pytest.raises(InternalError, match="f16, f32 or bf16"):
         store_kv_block(x.astype(np.int32), KvSettings(), layer=1)
+    with pytest.raises(InternalError, match=r"1..64 rows"):
+        store_kv_block(np.ones((2, 65, 16), np.float16), KvSettings(), layer=1)
+    with pytest.raises(ValueError, match="quant_tol must be > 0"):
+        KvSettings(quant="int8", quant_tol=0)
 
 
 def test_all_zero_block_and_bf16():
