@@ -86,7 +86,7 @@ def _static_dims(vi) -> list[int | str]:
     return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
 
 
-class _Graph:
+class GraphIndex:
     """Producer/consumer maps and constant lookup over one ONNX graph."""
 
     def __init__(self, model: onnx.ModelProto):
@@ -131,7 +131,7 @@ def _attr(node: onnx.NodeProto, key: str, default=None):
     return default
 
 
-def _past_inputs(g: _Graph) -> dict[int, Layer]:
+def _past_inputs(g: GraphIndex) -> dict[int, Layer]:
     layers: dict[int, Layer] = {}
     for vi in g.inputs:
         hf, torch = _HF.match(vi.name), _TORCH.match(vi.name)
@@ -154,7 +154,7 @@ def _past_inputs(g: _Graph) -> dict[int, Layer]:
 
 def recognise(model: onnx.ModelProto) -> DecoderGraph:
     """The layers of a decoder with past in ``model`` (UnsupportedError naming what does not fit)."""
-    g = _Graph(model)
+    g = GraphIndex(model)
     layers = _past_inputs(g)
     if not layers:
         raise g.refuse(
@@ -194,7 +194,7 @@ def recognise(model: onnx.ModelProto) -> DecoderGraph:
     return DecoderGraph([layers[i] for i in range(len(layers))], ids, positions, mask, rest[0])
 
 
-def _match_concat(g: _Graph, layer: Layer, kind: str) -> None:
+def _match_concat(g: GraphIndex, layer: Layer, kind: str) -> None:
     present, past = layer.present[kind], layer.past[kind]
     node = g.producer.get(present)
     if node is None or node.op_type != "Concat" or list(node.input)[:1] != [past] or len(node.input) != 2:
@@ -219,7 +219,7 @@ def _match_concat(g: _Graph, layer: Layer, kind: str) -> None:
     layer.concat[kind], layer.new[kind] = node, node.input[1]
 
 
-def _walk_to_cache(g: _Graph, name: str, present: str, factors: list | None) -> tuple[int, bool] | None:
+def _walk_to_cache(g: GraphIndex, name: str, present: str, factors: list | None) -> tuple[int, bool] | None:
     """Follow ``name`` back through repeat_kv ops, transposes of the last two axes and (when
     ``factors`` is a list) scalar Mul/Div to ``present``: (transposes, ok) or None."""
     transposes = 0
@@ -252,7 +252,7 @@ def _swaps_last_two(perm) -> bool:
     return n >= 2 and perm == [*range(n - 2), n - 1, n - 2]
 
 
-def _scalar_side(g: _Graph, node: onnx.NodeProto) -> int | None:
+def _scalar_side(g: GraphIndex, node: onnx.NodeProto) -> int | None:
     """For a Mul/Div by a scalar: the index of the other (path) input; None when neither input is a
     one-element tensor (a Div's path must be its dividend)."""
     for side in (0, 1):
@@ -264,7 +264,7 @@ def _scalar_side(g: _Graph, node: onnx.NodeProto) -> int | None:
     return None
 
 
-def _is_scalar(g: _Graph, name: str) -> bool:
+def _is_scalar(g: GraphIndex, name: str) -> bool:
     const = g.constant(name)
     if const is not None:
         return const.size == 1
@@ -273,7 +273,7 @@ def _is_scalar(g: _Graph, name: str) -> bool:
     return node is not None and _shape_only(g, name, 0)
 
 
-def _shape_only(g: _Graph, name: str, depth: int) -> bool:
+def _shape_only(g: GraphIndex, name: str, depth: int) -> bool:
     """True when ``name`` is computed from constants and Shape nodes alone (no tensor values)."""
     if depth > 24:
         return False
@@ -287,7 +287,7 @@ def _shape_only(g: _Graph, name: str, depth: int) -> bool:
     return all(_shape_only(g, x, depth + 1) for x in node.input if x)
 
 
-def _match_attention(g: _Graph, layer: Layer) -> None:
+def _match_attention(g: GraphIndex, layer: Layer) -> None:
     pk, pv = layer.present["key"], layer.present["value"]
     pvs = [
         n for n in g.graph.node
@@ -328,7 +328,7 @@ def _match_attention(g: _Graph, layer: Layer) -> None:
     layer.q, layer.factors, layer.mask_nodes = q, factors + qf, masks
 
 
-def _through_guard(g: _Graph, name: str) -> str:
+def _through_guard(g: GraphIndex, name: str) -> str:
     """Skip SDPA's NaN guard ``Where(IsNaN(p), 0, p)`` and casts between Softmax and the V matmul."""
     for _ in range(4):
         node = g.producer.get(name)
@@ -349,7 +349,7 @@ def _through_guard(g: _Graph, name: str) -> str:
     return name
 
 
-def _scores(g: _Graph, name: str, layer: Layer, factors: list, masks: list, depth: int):
+def _scores(g: GraphIndex, name: str, layer: Layer, factors: list, masks: list, depth: int):
     """Walk from the Softmax input back to the scores MatMul: (matmul, scale factors, mask nodes),
     or (None, why, None)."""
     if depth > 12:
@@ -385,12 +385,66 @@ def _scores(g: _Graph, name: str, layer: Layer, factors: list, masks: list, dept
 
 # -- the rewrite --------------------------------------------------------------------------------------
 def rewrite(
-    model: onnx.ModelProto, dec: DecoderGraph, scales: list[float], block: int = 64
+    model: onnx.ModelProto,
+    dec: DecoderGraph,
+    scales: list[float],
+    block: int = 64,
+    positions: dict[str, list[int]] | None = None,
 ) -> onnx.ModelProto:
     """``model`` with each layer's attention on the paged cache (see the module docstring); ``scales``
-    are the layers' attention scales.  UnsupportedError naming a node that still reads the past,
-    a present K/V or the attention mask afterwards."""
-    g = _Graph(model)
+    are the layers' attention scales.  ``positions`` maps the output of each position-table Slice
+    by the past length (``past_length_slices``, verified by the caller) to the axes to unsqueeze
+    after the Gather of the table at ``position_ids`` that replaces it (an input ``position_ids``
+    [batch, seq] is added when the model has none; ``dec.positions`` names it then).
+    UnsupportedError naming a node that still reads the past, a present K/V or the attention mask
+    afterwards."""
+    g = GraphIndex(model)
+    nodes = _attention_nodes(g, dec, scales, block)
+    nodes, extra_inits = _past_dims(nodes, dec)
+    if positions:
+        dec.positions = dec.positions or "position_ids"
+        nodes, inits = _gather_positions(nodes, dec.positions, positions)
+        extra_inits += inits
+    gone = {n for layer in dec.layers for n in (*layer.past.values(), *layer.present.values())}
+    if dec.mask:
+        gone.add(dec.mask)
+    keep = _live(nodes, dec.logits)
+    for node in keep:
+        bad = [x for x in node.input if x in gone]
+        if bad:
+            what = "the attention mask" if bad[0] == dec.mask else "the past K/V (or its length)"
+            raise g.refuse(
+                f"{g.name(node)} reads '{bad[0]}' outside the attention the paged cache replaces: it "
+                f"depends on {what}, which a paged decoder does not have (positions computed from the "
+                "past length are taken only as a Slice of a constant table: else export position_ids)"
+            )
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(keep)
+    out.graph.initializer.extend(extra_inits)
+    inputs = [vi for vi in model.graph.input if vi.name not in gone]
+    if dec.positions and all(vi.name != dec.positions for vi in inputs):
+        ids = next(vi for vi in inputs if vi.name == dec.ids)
+        pos = helper.make_tensor_value_info(dec.positions, onnx.TensorProto.INT64, None)
+        pos.type.tensor_type.shape.CopyFrom(ids.type.tensor_type.shape)
+        inputs.append(pos)
+    del out.graph.input[:]
+    out.graph.input.extend(inputs)
+    for name in KV_INPUTS:
+        out.graph.input.append(helper.make_tensor_value_info(name, onnx.TensorProto.INT32, [f"{name}_dim"]))
+    outputs = [o for o in model.graph.output if o.name == dec.logits]
+    del out.graph.output[:]
+    out.graph.output.extend(outputs)
+    del out.graph.value_info[:]
+    if not any(o.domain == DOMAIN for o in out.opset_import):
+        out.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return out
+
+
+def _attention_nodes(g: GraphIndex, dec: DecoderGraph, scales: list[float], block: int) -> list:
+    """The graph's nodes with each layer's Concat pair dropped and its V matmul replaced by the
+    KV stores and the paged attention."""
     replaced = {id(layer.pv): layer for layer in dec.layers}
     dropped = {id(layer.concat[k]) for layer in dec.layers for k in ("key", "value")}
     nodes: list[onnx.NodeProto] = []
@@ -416,35 +470,84 @@ def rewrite(
                 scale=float(scales[layer.index]), block_size=block,
             )
         )  # fmt: skip
-    gone = {n for layer in dec.layers for n in (*layer.past.values(), *layer.present.values())}
-    if dec.mask:
-        gone.add(dec.mask)
-    keep = _live(nodes, dec.logits)
+    return nodes
+
+
+def past_length_slices(model: onnx.ModelProto, dec: DecoderGraph) -> list[onnx.NodeProto]:
+    """The Slices of a constant table whose start is computed from a past input's shape, among the
+    nodes the rewritten graph still needs: candidates for positions ``past .. past + seq`` taken
+    from a table (RoPE cos/sin, learned positions).  The caller verifies what they compute."""
+    g = GraphIndex(model)
+    past = {n for layer in dec.layers for n in layer.past.values()}
+    keep = _live(_attention_nodes(g, dec, [1.0] * len(dec.layers), 64), dec.logits)
+    found = []
     for node in keep:
-        bad = [x for x in node.input if x in gone]
-        if bad:
-            what = "the attention mask" if bad[0] == dec.mask else "the past K/V (or its length)"
-            raise g.refuse(
-                f"{g.name(node)} reads '{bad[0]}' outside the attention the paged cache replaces: it "
-                f"depends on {what}, which a paged decoder does not have (e.g. positions computed from "
-                "the past length: export position_ids as an input)"
+        if node.op_type != "Slice" or g.constant(node.input[0]) is None or len(node.input) < 3:
+            continue
+        if _shape_only(g, node.input[1], 0) and _reads_shape_of(g, node.input[1], past, 0):
+            found.append(node)
+    return found
+
+
+def _reads_shape_of(g: GraphIndex, name: str, inputs: set[str], depth: int) -> bool:
+    node = g.producer.get(name)
+    if node is None or depth > 24:
+        return False
+    if node.op_type == "Shape":
+        return node.input[0] in inputs
+    return any(_reads_shape_of(g, x, inputs, depth + 1) for x in node.input if x)
+
+
+def _past_dims(nodes, dec: DecoderGraph):
+    """Replace each Shape of a past input that leaves out its sequence axis (exporters read the
+    batch size there) by the same dims from ``input_ids`` (batch) and constants (heads, head_dim)."""
+    past = {n: layer for layer in dec.layers for n in layer.past.values()}
+    out, inits = [], []
+    for node in nodes:
+        layer = past.get(node.input[0]) if node.op_type == "Shape" and node.input else None
+        start, end = int(_attr(node, "start", 0)), _attr(node, "end", None)
+        axes = list(range(4))[start : None if end is None else int(end)]
+        if layer is None or 2 in axes or not axes:
+            out.append(node)
+            continue
+        parts = []
+        for axis in axes:
+            name = f"{node.output[0]}/mcpc_dim{axis}"
+            if axis == 0:
+                out.append(
+                    helper.make_node("Shape", [dec.ids], [name], name=f"{node.name}/batch", start=0, end=1)
+                )
+            else:
+                value = layer.kv_heads if axis == 1 else layer.head_dim
+                inits.append(numpy_helper.from_array(np.array([value], np.int64), name))
+            parts.append(name)
+        out.append(helper.make_node("Concat", parts, [node.output[0]], name=f"{node.name}/dims", axis=0))
+    return out, inits
+
+
+def _gather_positions(nodes, positions_input: str, positions: dict[str, list[int]]):
+    """Replace each Slice(table, past, past + seq) named in ``positions`` by Gather(table,
+    position_ids) [batch, seq, ...] unsqueezed at the given axes (so it broadcasts as before)."""
+    out, inits = [], []
+    for node in nodes:
+        axes = positions.get(node.output[0]) if node.op_type == "Slice" else None
+        if axes is None:
+            out.append(node)
+            continue
+        y = node.output[0]
+        gathered = f"{y}/mcpc_positions" if axes else y
+        out.append(
+            helper.make_node(
+                "Gather", [node.input[0], positions_input], [gathered], name=f"{node.name}/positions"
             )
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    del out.graph.node[:]
-    out.graph.node.extend(keep)
-    inputs = [vi for vi in model.graph.input if vi.name not in gone]
-    del out.graph.input[:]
-    out.graph.input.extend(inputs)
-    for name in KV_INPUTS:
-        out.graph.input.append(helper.make_tensor_value_info(name, onnx.TensorProto.INT32, [f"{name}_dim"]))
-    outputs = [o for o in model.graph.output if o.name == dec.logits]
-    del out.graph.output[:]
-    out.graph.output.extend(outputs)
-    del out.graph.value_info[:]
-    if not any(o.domain == DOMAIN for o in out.opset_import):
-        out.opset_import.append(helper.make_opsetid(DOMAIN, 1))
-    return out
+        )
+        if axes:
+            axes_name = f"{y}/mcpc_axes"
+            inits.append(numpy_helper.from_array(np.array(axes, np.int64), axes_name))
+            out.append(
+                helper.make_node("Unsqueeze", [gathered, axes_name], [y], name=f"{node.name}/unsqueeze")
+            )
+    return out, inits
 
 
 def _live(nodes: list[onnx.NodeProto], output: str) -> list[onnx.NodeProto]:

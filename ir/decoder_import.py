@@ -27,7 +27,7 @@ import onnx
 from mcpc.errors import InputError, UnsupportedError, UsageError
 from mcpc.ir import ops
 from mcpc.ir.core import GlobalDecl, HostRegDecl, Module
-from mcpc.ir.decoder_graph import DOMAIN, DecoderGraph, recognise, rewrite
+from mcpc.ir.decoder_graph import DOMAIN, DecoderGraph, GraphIndex, past_length_slices, recognise, rewrite
 from mcpc.ir.onnx_handlers import DOMAIN_HANDLERS
 from mcpc.ir.types import TensorType
 
@@ -97,7 +97,9 @@ def import_decoder(
         proto = onnx.inliner.inline_local_functions(proto)
     dec = recognise(proto)
     scales = attention_scales(proto, dec)
-    rewritten = rewrite(proto, dec, scales, BLOCK)
+    slices = past_length_slices(proto, dec)
+    positions = position_slices(proto, dec, slices) if slices else None
+    rewritten = rewrite(proto, dec, scales, BLOCK, positions)
     _check_token_dims(proto, dec, build)
     # the handlers read the cache sizes from the nodes: one rewrite serves both entries
     for node in rewritten.graph.node:
@@ -142,14 +144,71 @@ def _check_token_dims(proto, dec: DecoderGraph, build: DecoderBuild) -> None:
                 )
 
 
+def position_slices(proto: onnx.ModelProto, dec: DecoderGraph, slices) -> dict[str, list[int]]:
+    """For each Slice of a constant table by the past length (``past_length_slices``): verify on two
+    ONNX Runtime probes that it takes rows ``past .. past + seq`` of axis 0 (else UnsupportedError
+    naming it), and return the axes at which the replacing Gather [batch, seq, ...] is unsqueezed
+    so that it broadcasts against its consumers as the slice did."""
+    from mcpc.decoder_check import run_original
+
+    g = GraphIndex(proto)
+    names = [n for node in slices for n in node.input[1:3]]
+    probes = {
+        (p, s): run_original(proto, dec, batch=1, past=p, seq=s, extra=names) for p, s in ((3, 2), (6, 1))
+    }
+    ranks = _ranks(proto)
+    out: dict[str, list[int]] = {}
+    for node in slices:
+        what = f"node '{node.name or node.op_type}' (Slice of '{node.input[0]}' by the past length)"
+        axes = g.constant(node.input[3]) if len(node.input) > 3 and node.input[3] else np.array([0])
+        steps = g.constant(node.input[4]) if len(node.input) > 4 and node.input[4] else np.array([1])
+        if (
+            axes is None
+            or steps is None
+            or axes.reshape(-1).tolist() != [0]
+            or steps.reshape(-1).tolist() != [1]
+        ):
+            raise UnsupportedError(f"{what}: only a slice of axis 0 with step 1 is read as positions")
+        for (p, s), vals in probes.items():
+            got = [vals[x].reshape(-1).tolist() for x in node.input[1:3]]
+            if got != [[p], [p + s]]:
+                raise UnsupportedError(
+                    f"{what}: takes rows {got[0]}..{got[1]} for a past of {p} and {s} new tokens, not the "
+                    f"positions {p}..{p + s}: the paged build cannot give it a past length"
+                )
+        table = g.constant(node.input[0]).ndim
+        want = set()
+        for user in g.consumers.get(node.output[0], []):
+            others = [x for x in user.input if x != node.output[0]]
+            if user.op_type not in ("Mul", "Add", "Sub", "Div") or len(others) != 1 or others[0] not in ranks:
+                raise UnsupportedError(
+                    f"{what}: its rows are read by node '{user.name or user.op_type}' ({user.op_type}), not "
+                    "by an elementwise op with a batched operand: per-sequence positions cannot replace it"
+                )
+            want.add(ranks[others[0]])
+        if len(want) != 1 or min(want) <= table:
+            raise UnsupportedError(f"{what}: its users' operands of rank {sorted(want)} carry no batch axis")
+        out[node.output[0]] = list(range(1, want.pop() - table))
+    return out
+
+
+def _ranks(proto: onnx.ModelProto) -> dict[str, int]:
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
+    except Exception:  # noqa: BLE001 - no ranks: the caller refuses what it cannot place
+        return {}
+    vis = [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
+    return {
+        vi.name: len(vi.type.tensor_type.shape.dim) for vi in vis if vi.type.tensor_type.HasField("shape")
+    }
+
+
 def attention_scales(proto: onnx.ModelProto, dec: DecoderGraph) -> list[float]:
     """Each layer's attention scale: the product of its constant factors (a Div divides), f32.
 
     Factors computed from shapes (``1/sqrt(head_dim)`` from a Shape) are evaluated by ONNX Runtime
     on a one-token probe; a factor that is not one value is refused, naming the tensor."""
-    from mcpc.ir.decoder_graph import _Graph
-
-    g = _Graph(proto)
+    g = GraphIndex(proto)
     values: dict[str, np.ndarray] = {}
     pending = []
     for layer in dec.layers:

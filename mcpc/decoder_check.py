@@ -89,7 +89,7 @@ def _feeds(model, dec, ids: np.ndarray, past_kv: dict[str, np.ndarray], past: in
     b, s = ids.shape
     types = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.input}
     feeds = {dec.ids: ids.astype(onnx.helper.tensor_dtype_to_np_dtype(types[dec.ids]))}
-    if dec.positions:
+    if dec.positions in types:  # a position input the rewrite added is not the original's
         pos = np.broadcast_to(np.arange(past, past + s), (b, s))
         feeds[dec.positions] = pos.astype(onnx.helper.tensor_dtype_to_np_dtype(types[dec.positions]))
     if dec.mask:

@@ -66,13 +66,20 @@ def test_decoder_options_need_max_seq(hf, tmp_path):
     assert result.exit_code == 2 and "--kv-blocks is an option of a decoder build" in result.output
 
 
-@pytest.mark.parametrize(
-    ("model", "message"),
-    [
-        ("gpt-torchscript-op17.onnx", "no past K/V inputs"),
-        ("gpt_kv-torchscript-op17.onnx", "node '/Shape_1' (Shape) reads 'past_key_0'"),
-    ],
-)
-def test_graphs_that_do_not_fit_exit_4_naming_what_broke(tmp_path, model, message):
-    result = run([FIXTURES / model, "--max-seq", 64, "--emit", "ir", "-o", tmp_path / "x.mcpir"])
-    assert result.exit_code == 4 and message in result.output, result.output
+def test_graphs_that_do_not_fit_exit_4_naming_what_broke(tmp_path):
+    result = run(
+        [FIXTURES / "gpt-torchscript-op17.onnx", "--max-seq", 64, "--emit", "ir", "-o", tmp_path / "x.mcpir"]
+    )
+    assert result.exit_code == 4 and "no past K/V inputs" in result.output, result.output
+    onnx.save(make_decoder(positions="past_shape"), tmp_path / "ranged.onnx")
+    result = run([tmp_path / "ranged.onnx", "--max-seq", 64, "--emit", "ir", "-o", tmp_path / "x.mcpir"])
+    assert result.exit_code == 4 and "(Shape) reads 'past_key_values.0.key'" in result.output, result.output
+
+
+def test_our_torch_fixture_builds_with_positions_from_position_ids(tmp_path):
+    rep = tmp_path / "r.json"
+    args = [FIXTURES / "gpt_kv-torchscript-op17.onnx", "--max-seq", 32, "-c", "fp32", "--emit", "ir"]
+    result = run([*args, "-o", tmp_path / "x.mcpir", "--report-json", rep])
+    assert result.exit_code == 0, result.output
+    d = json.loads(rep.read_text())["decoder"]
+    assert d["inputs"] == {"ids": "input_ids", "positions": "position_ids"} and d["prefill_chunk"] == 32

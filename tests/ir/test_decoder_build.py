@@ -62,13 +62,11 @@ def test_a_graph_without_past_is_refused():
     _refusal(FIXTURES / "gpt-dynamo-op20.onnx", "no past K/V inputs")
 
 
-def test_positions_from_the_past_length_are_refused_naming_the_node():
+def test_positions_computed_from_the_past_length_are_refused_naming_the_node():
+    """A Range from the past length (not a Slice of a table by it) cannot take per-sequence positions."""
     _refusal(
         make_decoder(positions="past_shape"), r"node '/Shape_\d+' \(Shape\) reads 'past_key_values.0.key'"
     )
-    # our torch fixtures compute RoPE positions from the past length: recognised, then refused there
-    for name in ("gpt_kv-torchscript-op17.onnx", "gpt_kv-dynamo-op20.onnx"):
-        _refusal(FIXTURES / name, r"\(Shape\) reads 'past_key_0' outside the attention")
 
 
 def test_a_past_without_its_present_output_is_refused():
@@ -107,49 +105,66 @@ def test_build_options_are_checked():
 
 
 def _ort_greedy(model, prompt, new):
+    """ONNX Runtime's own KV loop on one sequence: the prompt with an empty past, then one token a
+    step fed the present K/V it returned."""
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
-    pasts = [i.name for i in model.graph.input if i.name.startswith("past")]
-    feeds = {p: np.zeros((1, 2, 0, 8), np.float32) for p in pasts}
-    ids, out = list(prompt), []
-    step = np.array([ids], np.int64)
+    ins = {i.name: i for i in model.graph.input}
+    pasts = [n for n in ins if n.startswith("past")]
+    feeds = {}
+    for p in pasts:
+        dims = ins[p].type.tensor_type.shape.dim
+        feeds[p] = np.zeros((1, dims[1].dim_value, 0, dims[3].dim_value), np.float32)
+    out = []
+    step = np.array([prompt], np.int64)
     for _ in range(new):
         past = feeds[pasts[0]].shape[2]
-        feeds.update(input_ids=step, position_ids=np.arange(past, past + step.shape[1])[None])
-        feeds["attention_mask"] = np.ones((1, past + step.shape[1]), np.int64)
+        feeds["input_ids"] = step
+        if "position_ids" in ins:
+            feeds["position_ids"] = np.arange(past, past + step.shape[1])[None]
+        if "attention_mask" in ins:
+            feeds["attention_mask"] = np.ones((1, past + step.shape[1]), np.int64)
         res = dict(zip(names, sess.run(names, feeds), strict=True))
-        tok = int(res["logits"][0, -1].argmax())
-        out.append(tok)
+        out.append(int(res["logits"][0, -1].argmax()))
         for p in pasts:
-            feeds[p] = res[p.replace("past_key_values", "present")]
-        step = np.array([[tok]], np.int64)
+            feeds[p] = res[p.replace("past_key_values", "present").replace("past_", "present_")]
+        step = np.array([[out[-1]]], np.int64)
     return out
 
 
-def _ir_greedy(built, prompt, new, table):
+def _ir_greedy(built, prompts, new, tables):
+    """Greedy decoding of ``prompts`` (one per batch row) through the interpreter: chunked prefill
+    calls (a row idle once its prompt is in), then decode calls with every sequence at its own
+    context; block tables built here, as the host's KV manager would."""
     m, info = built.module, built.decoder
-    state, chunk, nb = ModuleState(m), info["prefill_chunk"], info["kv_blocks"]
-    gather = info["max_batch"] * -(-info["max_seq"] // 64)
+    state, chunk, nb, b_max = ModuleState(m), info["prefill_chunk"], info["kv_blocks"], info["max_batch"]
+    gather = b_max * -(-info["max_seq"] // 64)
 
     def call(entry, toks, past):
         seq = chunk if entry == "prefill" else 1
-        feeds, used = paged_feeds([table], [past], [len(toks)], seq, gather, nb)
-        ids = np.zeros((1, seq), np.int64)
-        ids[0, : len(toks)] = toks
-        pos = np.zeros((1, seq), np.int64)
-        pos[0, : len(toks)] = np.arange(past, past + len(toks))
+        new_rows = [len(t) for t in toks]
+        feeds, used = paged_feeds(tables, past, new_rows, seq, gather, nb)
+        ids, pos = np.zeros((b_max, seq), np.int64), np.zeros((b_max, seq), np.int64)
+        for b, t in enumerate(toks):
+            ids[b, : len(t)] = t
+            pos[b, : len(t)] = np.arange(past[b], past[b] + len(t))
         out = interpret(
             m, {"input_ids": ids, "position_ids": pos, **feeds}, entry, state, {"kv_blocks": used}
         )
-        return int(out["logits"][0, len(toks) - 1].argmax())
+        return [int(out["logits"][b, n - 1].argmax()) if n else None for b, n in enumerate(new_rows)]
 
-    for start in range(0, len(prompt), chunk):  # chunked prefill: each chunk after the cached past
-        tok = call("prefill", prompt[start : start + chunk], start)
-    out = [tok]
-    while len(out) < new:
-        tok = call("decode", [tok], len(prompt) + len(out) - 1)
-        out.append(tok)
-    return out
+    first = [None] * len(prompts)
+    for start in range(0, max(map(len, prompts)), chunk):  # each chunk after the cached past
+        got = call(
+            "prefill", [p[start : start + chunk] for p in prompts], [min(start, len(p)) for p in prompts]
+        )
+        first = [g if g is not None else f for g, f in zip(got, first, strict=True)]
+    outs = [[t] for t in first]
+    for i in range(new - 1):
+        got = call("decode", [[o[-1]] for o in outs], [len(p) + i for p in prompts])
+        for o, g in zip(outs, got, strict=True):
+            o.append(g)
+    return outs
 
 
 def test_greedy_generation_through_the_interpreter_equals_onnx_runtime():
@@ -159,5 +174,20 @@ def test_greedy_generation_through_the_interpreter_equals_onnx_runtime():
     built = import_decoder(model, DecoderBuild(max_seq=128, kv_blocks=4, prefill_chunk=16))
     prompt = list(np.random.default_rng(5).integers(0, 48, 50))
     want = _ort_greedy(model, prompt, 24)
-    assert _ir_greedy(built, prompt, 24, [3, 1]) == want
+    assert _ir_greedy(built, [prompt], 24, [[3, 1]]) == [want]
     assert len(set(want)) > 3  # a real continuation, not one repeated token
+
+
+@pytest.mark.parametrize("name", ["gpt_kv-torchscript-op17.onnx", "gpt_kv-dynamo-op20.onnx"])
+def test_batched_greedy_generation_of_our_torch_fixture_equals_onnx_runtime(name):
+    """Our torch fixtures take RoPE positions from the past length (cos/sin sliced by it): the
+    build gathers them at position_ids instead.  Two sequences (prompts of 7 and 12 tokens, chunks
+    of 8, so one is idle in the second prefill call) decode 24 tokens together, each at its own
+    context; each equals ONNX Runtime's loop on that sequence alone."""
+    model = onnx.load(FIXTURES / name)
+    built = import_decoder(model, DecoderBuild(max_seq=100, max_batch=2, kv_blocks=4, prefill_chunk=8))
+    assert built.decoder["inputs"]["positions"] == "position_ids"
+    rng = np.random.default_rng(7)
+    prompts = [list(rng.integers(0, 256, 7)), list(rng.integers(0, 256, 12))]
+    want = [_ort_greedy(model, p, 24) for p in prompts]
+    assert _ir_greedy(built, prompts, 24, [[2, 1], [0, 3]]) == want
