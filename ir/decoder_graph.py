@@ -152,6 +152,30 @@ def _past_inputs(g: GraphIndex) -> dict[int, Layer]:
     return layers
 
 
+def alias_past_inputs(model: onnx.ModelProto) -> int:
+    """Drop, in place, the Identity and one-input Concat nodes that only rename a past K/V input
+    (a TorchScript export wraps the first layer's past so), pointing their readers at the input;
+    returns how many went."""
+    past = {vi.name for vi in model.graph.input if _HF.match(vi.name) or _TORCH.match(vi.name)}
+    outputs = {o.name for o in model.graph.output}
+    rename: dict[str, str] = {}
+    keep = []
+    for node in model.graph.node:
+        src = rename.get(node.input[0], node.input[0]) if len(node.input) == 1 else None
+        if node.op_type in ("Identity", "Concat") and src in past and node.output[0] not in outputs:
+            rename[node.output[0]] = src
+            continue
+        keep.append(node)
+    if rename:
+        for node in keep:
+            for i, x in enumerate(node.input):
+                if x in rename:
+                    node.input[i] = rename[x]
+        del model.graph.node[:]
+        model.graph.node.extend(keep)
+    return len(rename)
+
+
 def recognise(model: onnx.ModelProto) -> DecoderGraph:
     """The layers of a decoder with past in ``model`` (UnsupportedError naming what does not fit)."""
     g = GraphIndex(model)

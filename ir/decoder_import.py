@@ -27,7 +27,15 @@ import onnx
 from mcpc.errors import InputError, UnsupportedError, UsageError
 from mcpc.ir import ops
 from mcpc.ir.core import GlobalDecl, HostRegDecl, Module
-from mcpc.ir.decoder_graph import DOMAIN, DecoderGraph, GraphIndex, past_length_slices, recognise, rewrite
+from mcpc.ir.decoder_graph import (
+    DOMAIN,
+    DecoderGraph,
+    GraphIndex,
+    alias_past_inputs,
+    past_length_slices,
+    recognise,
+    rewrite,
+)
 from mcpc.ir.onnx_handlers import DOMAIN_HANDLERS
 from mcpc.ir.types import TensorType
 
@@ -95,6 +103,10 @@ def import_decoder(
     proto, label, name = _load(model)
     if proto.functions:
         proto = onnx.inliner.inline_local_functions(proto)
+    elif proto is model:  # the caller's proto: the rewrite below edits its copy
+        proto = onnx.ModelProto()
+        proto.CopyFrom(model)
+    alias_past_inputs(proto)
     dec = recognise(proto)
     scales = attention_scales(proto, dec)
     slices = past_length_slices(proto, dec)

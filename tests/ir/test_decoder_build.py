@@ -2,6 +2,7 @@
 of both naming conventions, the refusals, and greedy generation through the IR interpreter's
 prefill + decode entries over a paged cache equal to ONNX Runtime's own KV loop."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -191,3 +192,17 @@ def test_batched_greedy_generation_of_our_torch_fixture_equals_onnx_runtime(name
     prompts = [list(rng.integers(0, 256, 7)), list(rng.integers(0, 256, 12))]
     want = [_ort_greedy(model, p, 24) for p in prompts]
     assert _ir_greedy(built, prompts, 24, [[2, 1], [0, 3]]) == want
+
+
+DECODERS = Path(__file__).parents[1] / "llm" / "decoders"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+def test_the_three_small_families_generate_onnx_runtimes_24_greedy_tokens(family):
+    """transformers exports (past_key_values.{i}, attention_mask, position_ids) of Llama (GQA,
+    RoPE), Qwen2 (q/k/v biases) and GPT-2 (fused QKV through Split): one build each, prompt in
+    chunks of 4, 24 tokens through the interpreter equal to decoders.json (ONNX Runtime's KV loop)."""
+    record = json.loads((DECODERS / "decoders.json").read_text())["models"][family]
+    built = import_decoder(DECODERS / record["file"], DecoderBuild(max_seq=64, prefill_chunk=4))
+    assert built.decoder["kv_heads"] == record["kv_heads"] and built.decoder["q_heads"] == record["q_heads"]
+    assert _ir_greedy(built, [record["prompt"]], 24, [[0]]) == [record["greedy"]]
