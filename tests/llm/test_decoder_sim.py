@@ -65,3 +65,27 @@ def test_small_decoders_generate_onnx_runtimes_tokens_on_the_simulator(family, c
     tokens, cycles = _greedy(built, record["prompt"], 24)
     assert tokens == record["greedy"]
     assert cycles == sorted(cycles)  # one block, growing windows: never cheaper as the context grows
+
+
+def test_batched_calls_cost_the_same_timing_only():
+    """Two sequences at their own contexts (blocks interleaved across the cache): a timing-only run
+    of each call (vattn costed from the window table its loads bring) gives the functional cycles,
+    and a longer context costs more."""
+    record = RECORDS["qwen2"]
+    built = mcpc.compile(
+        str(DECODERS / record["file"]), qat_config="fp32",
+        decoder=DecoderBuild(max_seq=256, max_batch=2, prefill_chunk=8),
+    )  # fmt: skip
+    info, session = built.report["decoder"], Session(built)
+    gather = info["max_batch"] * -(-info["max_seq"] // 64)
+    tables = [[0, 2, 4, 6], [1, 3, 5, 7]]
+    cycles = []
+    for entry, seq, past in (("prefill", 8, [0, 0]), ("decode", 1, [100, 37]), ("decode", 1, [200, 150])):
+        feeds, used = paged_feeds(tables, past, [seq, seq], seq, gather, info["kv_blocks"])
+        pos = np.array([np.arange(p, p + seq) for p in past])
+        inputs = {"input_ids": np.ones((2, seq), np.int64), "position_ids": pos, **feeds}
+        session.run(inputs, entry=entry, registers={"kv_blocks": used})
+        cycles.append(session.last_profile["cycles"])
+        session.run(inputs, entry=entry, registers={"kv_blocks": used}, timing_only=True)
+        assert session.last_profile["cycles"] == cycles[-1], (entry, past)
+    assert cycles[2] > cycles[1]
