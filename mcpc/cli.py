@@ -165,10 +165,39 @@ def _parse_sets(ctx, param, items) -> list[str]:
     default=None,
     help="KV cache of a --max-seq build: the sparsity policy.",
 )
+@click.option(
+    "--max-seq",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Decoder build: the graph with past becomes entries prefill + decode over a paged KV cache "
+    "(N: the longest sequence a request may reach).",
+)
+@click.option(
+    "--max-batch",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="B",
+    help="Decoder build: sequences per call (default 1; --dim batch=B is a synonym).",
+)
+@click.option(
+    "--kv-blocks",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="NB",
+    help="Decoder build: 64-token KV cache blocks (default B * ceil(N / 64)).",
+)
+@click.option(
+    "--prefill-chunk",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="C",
+    help="Decoder build: tokens per sequence a prefill call takes (default min(64, N)).",
+)
 @click.version_option(__version__)
 def compile_command(model, target, qat_config, output, shapes, dims, passes, print_pipeline,
-                    print_ir_after_all, time_passes, emit, overrides, report_json, calib,
-                    kv_quant, kv_sparsity, kv_policy):  # fmt: skip
+                    print_ir_after_all, time_passes, emit, overrides, report_json, calib, max_seq,
+                    max_batch, kv_blocks, prefill_chunk, kv_quant, kv_sparsity, kv_policy):  # fmt: skip
     """Compile an ONNX model for the MCP 2026 NPU."""
     from mcpc import driver
     from mcpc.passes import format_pipeline
@@ -176,7 +205,6 @@ def compile_command(model, target, qat_config, output, shapes, dims, passes, pri
     if (kv_quant, kv_sparsity, kv_policy) != (None, None, None):  # merged into the config's kv_cache:
         from mcpc.qat_configs.kv_cache import with_kv_flags
 
-        max_seq = click.get_current_context().params.get("max_seq")
         qat_config = with_kv_flags(driver.load_qat_config(qat_config), kv_quant, kv_sparsity, kv_policy,
                                    max_seq)  # fmt: skip
 
@@ -190,6 +218,7 @@ def compile_command(model, target, qat_config, output, shapes, dims, passes, pri
         raise click.BadParameter("'-' (stdout) is only for --emit ir or --emit asm", param_hint="'-o'")
     if output is None:
         output = driver.default_output(model, emit)
+    decoder, dims = _decoder_build(max_seq, max_batch, kv_blocks, prefill_chunk, dims)
     result = driver.compile(
         model,
         target=target,
@@ -203,6 +232,7 @@ def compile_command(model, target, qat_config, output, shapes, dims, passes, pri
         print_ir_after_all=sys.stderr if print_ir_after_all else None,
         time_passes=time_passes,
         calib=calib,
+        decoder=decoder,
     )
     if time_passes:
         result.pass_manager.print_timings(sys.stderr)
@@ -216,6 +246,25 @@ def compile_command(model, target, qat_config, output, shapes, dims, passes, pri
             click.echo(text, err=True)
     else:
         _print_summary(result)
+
+
+def _decoder_build(max_seq, max_batch, kv_blocks, prefill_chunk, dims):
+    """The ``DecoderBuild`` of the --max-seq options (None without --max-seq) and the dims left."""
+    if max_seq is None:
+        given = [f"--{k}" for k, v in (("max-batch", max_batch), ("kv-blocks", kv_blocks),
+                                         ("prefill-chunk", prefill_chunk)) if v is not None]  # fmt: skip
+        if given:
+            raise click.UsageError(f"{given[0]} is an option of a decoder build: give --max-seq N too")
+        return None, dims
+    from mcpc.ir.decoder_import import DecoderBuild
+
+    dims = dict(dims or {})
+    batch = dims.pop("batch", None)
+    if batch is not None and max_batch is not None and batch != max_batch:
+        raise click.UsageError(f"--dim batch={batch} and --max-batch {max_batch} disagree (synonyms)")
+    batch = max_batch if max_batch is not None else batch
+    build = DecoderBuild(max_seq, batch or 1, kv_blocks, prefill_chunk)
+    return build, dims or None
 
 
 def _print_summary(result) -> None:

@@ -1,0 +1,208 @@
+"""Decoder builds (ir/decoder_graph.py, ir/decoder_import.py, mcpc/decoder_check.py): recognition
+of both naming conventions, the refusals, and greedy generation through the IR interpreter's
+prefill + decode entries over a paged cache equal to ONNX Runtime's own KV loop."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from decoder_models import make_decoder
+
+from mcpc.decoder_check import check_rewrite, paged_feeds
+from mcpc.errors import CheckFailed, UnsupportedError, UsageError
+from mcpc.ir import ops
+from mcpc.ir.decoder_import import DecoderBuild, import_decoder
+from mcpc.ir.interpreter import ModuleState, interpret
+
+FIXTURES = Path(__file__).parents[1] / "torch_models" / "fixtures"
+
+
+def _ops(fn, cls):
+    return [op for op in fn.ops if isinstance(op, cls)]
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"naming": "torch", "scale": "q", "mask": "where", "guard": True},
+        {"scale": "div", "kv_heads": 4},
+        {"naming": "torch", "kv_heads": 1, "layers": 3},
+    ],
+)
+def test_both_conventions_are_recognised_and_rewritten(kw):
+    built = import_decoder(make_decoder(**kw), DecoderBuild(max_seq=100, max_batch=2, prefill_chunk=8))
+    layers, kv = kw.get("layers", 2), kw.get("kv_heads", 2)
+    info = built.decoder
+    assert info["layers"] == layers and info["kv_heads"] == kv and info["q_heads"] == 4
+    assert (info["max_batch"], info["kv_blocks"], info["prefill_chunk"], info["vocab"]) == (2, 4, 8, 48)
+    assert info["inputs"] == {"ids": "input_ids", "positions": "position_ids"}
+    assert built.scales == [pytest.approx(8**-0.5)] * layers
+    m = built.module
+    assert list(m.functions) == ["prefill", "decode"]
+    assert sorted(m.globals) == sorted(f"kv_{k}_{i}" for i in range(layers) for k in "kv")
+    assert m.globals["kv_k_0"].type.shape == (kv * 5 * 64, 8)
+    assert (m.host_regs["kv_blocks"].min, m.host_regs["kv_blocks"].max) == (0, 4)
+    for fn, seq in ((m.functions["prefill"], 8), (m.functions["decode"], 1)):
+        assert fn.arg_names == ["input_ids", "position_ids", "kv_slot", "kv_gather", "kv_start", "kv_len"]
+        assert fn.result_names == ["logits"] and fn.outputs[0].type.shape == (2, seq, 48)
+        assert len(_ops(fn, ops.KVStoreOp)) == 2 * layers and len(_ops(fn, ops.PagedAttentionOp)) == layers
+    errs = check_rewrite(built, m, 1e-4)["errors"]
+    assert max(errs.values()) < 1e-4
+
+
+def _refusal(model, match):
+    with pytest.raises(UnsupportedError, match=match):
+        import_decoder(model, DecoderBuild(max_seq=64))
+
+
+def test_a_graph_without_past_is_refused():
+    _refusal(FIXTURES / "gpt-dynamo-op20.onnx", "no past K/V inputs")
+
+
+def test_positions_computed_from_the_past_length_are_refused_naming_the_node():
+    """A Range from the past length (not a Slice of a table by it) cannot take per-sequence positions."""
+    _refusal(
+        make_decoder(positions="past_shape"), r"node '/Shape_\d+' \(Shape\) reads 'past_key_values.0.key'"
+    )
+
+
+def test_a_past_without_its_present_output_is_refused():
+    model = make_decoder()
+    outs = [o for o in model.graph.output if o.name != "present.1.value"]
+    del model.graph.output[:]
+    model.graph.output.extend(outs)
+    _refusal(model, "past input 'past_key_values.1.value' has no present output 'present.1.value'")
+
+
+def test_a_concat_along_another_axis_is_refused():
+    model = make_decoder()
+    node = next(n for n in model.graph.node if n.output[0] == "present.0.key")
+    node.attribute[0].i = 3
+    _refusal(model, r"node '/cat0key' \(Concat\) extends 'past_key_values.0.key' .* along axis 3")
+
+
+def test_other_outputs_are_refused():
+    model = make_decoder()
+    model.graph.output.append(onnx.helper.make_tensor_value_info("t1", onnx.TensorProto.FLOAT, None))
+    _refusal(model, r"outputs \['logits', 't1'\] remain")
+
+
+def test_a_mask_that_is_not_causal_fails_the_self_check_naming_the_layer():
+    """A sliding window of 2 has the structure of a mask; its meaning differs, which the self-check
+    finds in layer 1's K/V (computed from layer 0's attention)."""
+    built = import_decoder(make_decoder(window=2), DecoderBuild(max_seq=64))
+    with pytest.raises(CheckFailed, match="layer 1's (key|value) cache differs .* layer before it"):
+        check_rewrite(built, built.module, 1e-4)
+
+
+def test_build_options_are_checked():
+    with pytest.raises(UsageError, match="--prefill-chunk 80 exceeds --max-seq 64"):
+        DecoderBuild(64, prefill_chunk=80)
+    assert DecoderBuild(130, max_batch=3).num_blocks == 9 and DecoderBuild(130).chunk == 64
+
+
+def _ort_greedy(model, prompt, new):
+    """ONNX Runtime's own KV loop on one sequence: the prompt with an empty past, then one token a
+    step fed the present K/V it returned."""
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    ins = {i.name: i for i in model.graph.input}
+    pasts = [n for n in ins if n.startswith("past")]
+    feeds = {}
+    for p in pasts:
+        dims = ins[p].type.tensor_type.shape.dim
+        feeds[p] = np.zeros((1, dims[1].dim_value, 0, dims[3].dim_value), np.float32)
+    out = []
+    step = np.array([prompt], np.int64)
+    for _ in range(new):
+        past = feeds[pasts[0]].shape[2]
+        feeds["input_ids"] = step
+        if "position_ids" in ins:
+            feeds["position_ids"] = np.arange(past, past + step.shape[1])[None]
+        if "attention_mask" in ins:
+            feeds["attention_mask"] = np.ones((1, past + step.shape[1]), np.int64)
+        res = dict(zip(names, sess.run(names, feeds), strict=True))
+        out.append(int(res["logits"][0, -1].argmax()))
+        for p in pasts:
+            feeds[p] = res[p.replace("past_key_values", "present").replace("past_", "present_")]
+        step = np.array([[out[-1]]], np.int64)
+    return out
+
+
+def _ir_greedy(built, prompts, new, tables):
+    """Greedy decoding of ``prompts`` (one per batch row) through the interpreter: chunked prefill
+    calls (a row idle once its prompt is in), then decode calls with every sequence at its own
+    context; block tables built here, as the host's KV manager would."""
+    m, info = built.module, built.decoder
+    state, chunk, nb, b_max = ModuleState(m), info["prefill_chunk"], info["kv_blocks"], info["max_batch"]
+    gather = b_max * -(-info["max_seq"] // 64)
+
+    def call(entry, toks, past):
+        seq = chunk if entry == "prefill" else 1
+        new_rows = [len(t) for t in toks]
+        feeds, used = paged_feeds(tables, past, new_rows, seq, gather, nb)
+        ids, pos = np.zeros((b_max, seq), np.int64), np.zeros((b_max, seq), np.int64)
+        for b, t in enumerate(toks):
+            ids[b, : len(t)] = t
+            pos[b, : len(t)] = np.arange(past[b], past[b] + len(t))
+        out = interpret(
+            m, {"input_ids": ids, "position_ids": pos, **feeds}, entry, state, {"kv_blocks": used}
+        )
+        return [int(out["logits"][b, n - 1].argmax()) if n else None for b, n in enumerate(new_rows)]
+
+    first = [None] * len(prompts)
+    for start in range(0, max(map(len, prompts)), chunk):  # each chunk after the cached past
+        got = call(
+            "prefill", [p[start : start + chunk] for p in prompts], [min(start, len(p)) for p in prompts]
+        )
+        first = [g if g is not None else f for g, f in zip(got, first, strict=True)]
+    outs = [[t] for t in first]
+    for i in range(new - 1):
+        got = call("decode", [[o[-1]] for o in outs], [len(p) + i for p in prompts])
+        for o, g in zip(outs, got, strict=True):
+            o.append(g)
+    return outs
+
+
+def test_greedy_generation_through_the_interpreter_equals_onnx_runtime():
+    """50 prompt tokens in chunks of 16 then 24 generated: the context crosses into a second
+    block; the sequence's blocks are 3 then 1 of a 4-block cache (block 4 the trash)."""
+    model = make_decoder(seed=3)
+    built = import_decoder(model, DecoderBuild(max_seq=128, kv_blocks=4, prefill_chunk=16))
+    prompt = list(np.random.default_rng(5).integers(0, 48, 50))
+    want = _ort_greedy(model, prompt, 24)
+    assert _ir_greedy(built, [prompt], 24, [[3, 1]]) == [want]
+    assert len(set(want)) > 3  # a real continuation, not one repeated token
+
+
+@pytest.mark.parametrize("name", ["gpt_kv-torchscript-op17.onnx", "gpt_kv-dynamo-op20.onnx"])
+def test_batched_greedy_generation_of_our_torch_fixture_equals_onnx_runtime(name):
+    """Our torch fixtures take RoPE positions from the past length (cos/sin sliced by it): the
+    build gathers them at position_ids instead.  Two sequences (prompts of 7 and 12 tokens, chunks
+    of 8, so one is idle in the second prefill call) decode 24 tokens together, each at its own
+    context; each equals ONNX Runtime's loop on that sequence alone."""
+    model = onnx.load(FIXTURES / name)
+    built = import_decoder(model, DecoderBuild(max_seq=100, max_batch=2, kv_blocks=4, prefill_chunk=8))
+    assert built.decoder["inputs"]["positions"] == "position_ids"
+    rng = np.random.default_rng(7)
+    prompts = [list(rng.integers(0, 256, 7)), list(rng.integers(0, 256, 12))]
+    want = [_ort_greedy(model, p, 24) for p in prompts]
+    assert _ir_greedy(built, prompts, 24, [[2, 1], [0, 3]]) == want
+
+
+DECODERS = Path(__file__).parents[1] / "llm" / "decoders"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+def test_the_three_small_families_generate_onnx_runtimes_24_greedy_tokens(family):
+    """transformers exports (past_key_values.{i}, attention_mask, position_ids) of Llama (GQA,
+    RoPE), Qwen2 (q/k/v biases) and GPT-2 (fused QKV through Split): one build each, prompt in
+    chunks of 4, 24 tokens through the interpreter equal to decoders.json (ONNX Runtime's KV loop)."""
+    record = json.loads((DECODERS / "decoders.json").read_text())["models"][family]
+    built = import_decoder(DECODERS / record["file"], DecoderBuild(max_seq=64, prefill_chunk=4))
+    assert built.decoder["kv_heads"] == record["kv_heads"] and built.decoder["q_heads"] == record["q_heads"]
+    assert _ir_greedy(built, [record["prompt"]], 24, [[0]]) == [record["greedy"]]
