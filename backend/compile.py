@@ -156,6 +156,7 @@ def compile_to_program(
     if keep is None:
         keep = bool(module.attrs.get("keep_in_sram", True))
     ctx = LoweringContext(target, em, double_buffer, plan.placements, plan.constants, globals=plan.globals)
+    ctx.global_types = {g.name: g.type for g in getattr(module, "globals", {}).values()}
     text: list[Instr] = []
     debug: list[dict] = []
     entries, io = [], {}
