@@ -101,7 +101,22 @@ def test_a_mask_that_is_not_causal_fails_the_self_check_naming_the_layer():
 def test_build_options_are_checked():
     with pytest.raises(UsageError, match="--prefill-chunk 80 exceeds --max-seq 64"):
         DecoderBuild(64, prefill_chunk=80)
+    with pytest.raises(UsageError, match="--kv-blocks 2 holds fewer than the 3 blocks"):
+        DecoderBuild(130, kv_blocks=2)
     assert DecoderBuild(130, max_batch=3).num_blocks == 9 and DecoderBuild(130).chunk == 64
+
+
+def test_a_max_seq_beyond_the_position_table_is_refused():
+    """GPT-2's learned positions (512 rows here) and our fixture's RoPE tables (128 rows, gathered
+    at position_ids by the build) bound --max-seq."""
+    with pytest.raises(
+        UsageError, match=r"wpe/Gather' \(Gather\) gathers .* \(512 positions\).*--max-seq 600"
+    ):
+        import_decoder(
+            Path(__file__).parents[1] / "llm" / "decoders" / "gpt2-with-past.onnx", DecoderBuild(600)
+        )
+    with pytest.raises(UsageError, match=r"\(128 positions\) at 'position_ids': --max-seq 129"):
+        import_decoder(FIXTURES / "gpt_kv-torchscript-op17.onnx", DecoderBuild(129))
 
 
 def _ir_greedy(built, prompts, new, tables):
