@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import OPTIONAL_EXTRA_SKIP
 from ort_greedy import OrtDecoder, greedy, ort_nll, perplexity, windows
 
 HERE = Path(__file__).parent
@@ -162,3 +163,27 @@ def test_reference_reads_the_torch_fixture_naming():
 def test_reference_refuses_a_graph_without_past():
     with pytest.raises(ValueError, match="no past_key_values"):
         OrtDecoder(TORCH_KV.with_name("gpt-torchscript-op17.onnx"))
+
+
+@pytest.mark.slow
+def test_make_decoders_reproduces_the_committed_record(tmp_path):
+    """Re-running the script (the ``llm`` extra) writes graphs with the same interface and the
+    same greedy continuations as the committed ones."""
+    import importlib.util
+
+    from export_smollm2 import EXTRA_MODULES
+
+    absent = [m for m in EXTRA_MODULES[:2] if importlib.util.find_spec(m) is None]
+    if absent:
+        pytest.skip(f"{OPTIONAL_EXTRA_SKIP}: llm (missing {', '.join(absent)}; make llm-models)")
+    import make_decoders
+
+    assert make_decoders.main(["--out", str(tmp_path)]) == 0
+    made = json.loads((tmp_path / "decoders.json").read_text())
+    for fam in FAMILIES:
+        want, got = MANIFEST["models"][fam], made["models"][fam]
+        assert {k: got[k] for k in ("prompt", "greedy", "q_heads", "kv_heads", "head_dim", "vocab")} == {
+            k: want[k] for k in ("prompt", "greedy", "q_heads", "kv_heads", "head_dim", "vocab")
+        }
+        assert got["min_margin"] == pytest.approx(want["min_margin"], abs=1e-3)
+        assert greedy(OrtDecoder(tmp_path / got["file"]), want["prompt"], 24) == want["greedy"]
