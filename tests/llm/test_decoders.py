@@ -187,3 +187,37 @@ def test_make_decoders_reproduces_the_committed_record(tmp_path):
         }
         assert got["min_margin"] == pytest.approx(want["min_margin"], abs=1e-3)
         assert greedy(OrtDecoder(tmp_path / got["file"]), want["prompt"], 24) == want["greedy"]
+
+
+@pytest.mark.slow
+def test_decode_step_of_each_fixture_passes_check_as_a_single_graph_build(fixture, tmp_path):
+    """Today's single-graph build of one decode step (batch 2, past 7 from the reference's own
+    prefill) agrees with ONNX Runtime: the fixtures import and compile as exported."""
+    import subprocess
+    import sys
+
+    meta, dec = fixture
+    ids = np.random.default_rng(3).integers(0, meta["vocab"], (2, 8))
+    _, past = dec.run(ids[:, :7], None, 0)
+    feeds = {
+        "input_ids": ids[:, 7:],
+        "attention_mask": np.ones((2, 8), np.int64),
+        "position_ids": np.full((2, 1), 7, np.int64),
+        **dict(zip(dec.past_names, past, strict=True)),
+    }
+    np.savez(tmp_path / "step.npz", **feeds)
+    model, prog = DECODERS / meta["file"], tmp_path / "step.mcpb"
+    binary = Path(sys.executable).parent
+    dims = ["--dim", "batch=2", "--dim", "seq=1", "--dim", "past_seq=7", "--dim", "total_seq=8"]
+    done = subprocess.run(
+        [str(binary / "mcp-compile"), "-t", "mcp2026-a100", "-c", "fp32", *dims, "-o", str(prog), str(model)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    report = tmp_path / "check.json"
+    args = ["check", str(model), str(prog), "--inputs", str(tmp_path / "step.npz"), "--json", str(report)]
+    done = subprocess.run([str(binary / "mcpc"), *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    logits = next(o for o in json.loads(report.read_text())["outputs"] if o["name"] == "logits")
+    assert logits["top1"] == 1.0 and logits["norm_max_err"] <= 1e-5
