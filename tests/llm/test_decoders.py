@@ -144,6 +144,10 @@ def test_ort_nll_refuses_a_prefill_outside_the_window():
         ort_nll(dec, np.zeros(40, np.int64), 20, prefill=20)
     with pytest.raises(ValueError, match="no window"):
         ort_nll(dec, np.zeros(10, np.int64), 20)
+    with pytest.raises(ValueError, match="need a window"):
+        ort_nll(dec, np.zeros(40, np.int64))
+    with pytest.raises(ValueError, match="not 16"):
+        ort_nll(dec, np.zeros((2, 20), np.int64), 16)
 
 
 def test_reference_reads_the_torch_fixture_naming():
