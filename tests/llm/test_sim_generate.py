@@ -90,3 +90,24 @@ def test_prompts_sharing_a_prefix_decode_together_and_store_it_once(tmp_path):
     assert report["prefix_hit_tokens"] == 2 * 64
     block = report["kv_block_bytes"]
     assert report["kv_bytes"] == 3 * block and report["kv_bytes_unshared"] == 4 * block
+
+
+@pytest.mark.slow
+def test_smollm2_fp32_build_generates_onnx_runtimes_20_greedy_tokens(tmp_path):
+    """SmolLM2-135M (the `llm` extra; ~6 min on a busy 2-core machine): the fp32 --max-seq build of
+    the with-past export, `mcpc sim generate` on the English prompt of tests/data, against ONNX
+    Runtime's recorded KV-loop continuation (test_reference_data.GREEDY_20)."""
+    from conftest import OPTIONAL_EXTRA_SKIP
+    from export_smollm2 import ensure_exported, missing_extra
+    from test_reference_data import GREEDY_20
+
+    problem = missing_extra()
+    if problem:
+        pytest.skip(f"{OPTIONAL_EXTRA_SKIP}: llm ({problem})")  # the one allowed skip
+    out = tmp_path / "smollm2.mcpb"
+    mcpc.compile(ensure_exported()["decode"], qat_config="fp32", decoder=DecoderBuild(max_seq=64), output=out)
+    prompt = Path(__file__).parents[1] / "data" / "smollm2_prompt.npy"
+    _invoke("generate", out, "--prompt-ids", prompt, "--max-new-tokens", 20, "--json", tmp_path / "r.json")
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["generated_ids"] == GREEDY_20
+    assert report["kv_bytes"] == 30 * 2 * 3 * 64 * 64 * 4  # one f32 block: 30 layers, K|V, 3 kv heads
