@@ -54,6 +54,10 @@ def test_generate_gives_onnx_runtimes_24_greedy_tokens(build, tmp_path):
     assert report["generated_ids"] == rec["greedy"]
     assert REPORT_KEYS <= set(report) and report["decode_steps"] == 23
     assert report["cycles_per_token"] > 0 and report["roofline_us_per_token"] > 0
+    assert report["decode_context"] == list(range(9, 32))  # the step feeding token t attends t + 1
+    assert all(
+        0 < a < c for a, c in zip(report["decode_attention_cycles"], report["decode_cycles"], strict=True)
+    )
     assert report["kv_bytes"] == block_bytes(DecoderSession(program).meta)  # 8 + 23 positions: one block
     assert "TTFT" in res.output and "DRAM roofline" in res.output
 
