@@ -61,6 +61,11 @@ class DecoderBuild:
                 raise UsageError(f"--{key.replace('_', '-')} must be a positive integer, got {v!r}")
         if self.prefill_chunk is not None and self.prefill_chunk > self.max_seq:
             raise UsageError(f"--prefill-chunk {self.prefill_chunk} exceeds --max-seq {self.max_seq}")
+        if self.kv_blocks is not None and self.kv_blocks < self.blocks_per_seq:
+            raise UsageError(
+                f"--kv-blocks {self.kv_blocks} holds fewer than the {self.blocks_per_seq} blocks of 64 "
+                f"tokens one sequence of --max-seq {self.max_seq} needs"
+            )
 
     @property
     def blocks_per_seq(self) -> int:
@@ -113,6 +118,7 @@ def import_decoder(
     positions = position_slices(proto, dec, slices) if slices else None
     rewritten = rewrite(proto, dec, scales, BLOCK, positions)
     _check_token_dims(proto, dec, build)
+    _check_position_tables(rewritten, dec, build)
     # the handlers read the cache sizes from the nodes: one rewrite serves both entries
     for node in rewritten.graph.node:
         if node.domain == DOMAIN:
@@ -134,6 +140,21 @@ def import_decoder(
     module.verify()
     decoder = _descriptor(module, dec, build)
     return DecoderModule(module, decoder, dec, proto, scales)
+
+
+def _check_position_tables(model: onnx.ModelProto, dec: DecoderGraph, build: DecoderBuild) -> None:
+    """UsageError when a table gathered at the positions (learned positions, RoPE tables) has fewer
+    rows than --max-seq: a position past it would index outside the table at run time."""
+    if not dec.positions:
+        return
+    g = GraphIndex(model)
+    for node in g.consumers.get(dec.positions, []):
+        table = g.constant(node.input[0]) if node.op_type == "Gather" else None
+        if table is not None and node.input[1] == dec.positions and table.shape[0] < build.max_seq:
+            raise UsageError(
+                f"{g.name(node)} gathers '{node.input[0]}' ({table.shape[0]} positions) at "
+                f"'{dec.positions}': --max-seq {build.max_seq} exceeds the model's positions"
+            )
 
 
 def _check_token_dims(proto, dec: DecoderGraph, build: DecoderBuild) -> None:

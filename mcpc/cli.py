@@ -267,6 +267,21 @@ def _decoder_build(max_seq, max_batch, kv_blocks, prefill_chunk, dims):
     return build, dims or None
 
 
+def _decoder_line(report) -> str:
+    d = report["decoder"]
+    line = (
+        f"decoder: prefill {d['max_batch']}x{d['prefill_chunk']} + decode {d['max_batch']}x1 rows, "
+        f"{d['layers']} layers, KV cache {d['kv_blocks']} blocks of {d['block']} tokens in {d['kv_dtype']}"
+    )
+    checks = report.get("decoder_check") or []
+    for check, what in zip(checks, ("imported", "built"), strict=False):
+        err = check["errors"].get("logits", 0.0)
+        line += f"; self-check {what}: logits error {err:.2g} (bound {check['max_norm_err']:g})"
+        if not check.get("within_tolerance", True):
+            line += " EXCEEDED: the quantization's accuracy cost"
+    return line
+
+
 def _print_summary(result) -> None:
     report = result.report
     ops = report["ir_ops"]
@@ -280,6 +295,8 @@ def _print_summary(result) -> None:
     from rich.text import Text
 
     _stdout_console().print(Text(line))
+    if report.get("decoder"):
+        _stdout_console().print(Text(_decoder_line(report)))
     from mcpc.quant_report import summary_lines
 
     for text in summary_lines(report):

@@ -158,3 +158,69 @@ def make_decoder(
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model
+
+
+def ort_greedy(model, prompt, new):
+    """ONNX Runtime's own KV loop on one sequence: the prompt with an empty past, then one token a
+    step fed the present K/V it returned."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    ins = {i.name: i for i in model.graph.input}
+    pasts = [n for n in ins if n.startswith("past")]
+    feeds = {}
+    for p in pasts:
+        dims = ins[p].type.tensor_type.shape.dim
+        feeds[p] = np.zeros((1, dims[1].dim_value, 0, dims[3].dim_value), np.float32)
+    out = []
+    step = np.array([prompt], np.int64)
+    for _ in range(new):
+        past = feeds[pasts[0]].shape[2]
+        feeds["input_ids"] = step
+        if "position_ids" in ins:
+            feeds["position_ids"] = np.arange(past, past + step.shape[1])[None]
+        if "attention_mask" in ins:
+            feeds["attention_mask"] = np.ones((1, past + step.shape[1]), np.int64)
+        res = dict(zip(names, sess.run(names, feeds), strict=True))
+        out.append(int(res["logits"][0, -1].argmax()))
+        for p in pasts:
+            feeds[p] = res[p.replace("past_key_values", "present").replace("past_", "present_")]
+        step = np.array([[out[-1]]], np.int64)
+    return out
+
+
+def paged_greedy(run, info: dict, prompts: list, new: int, tables: list) -> list[list[int]]:
+    """Greedy decoding of ``prompts`` (one per batch row) through a decoder build's entries:
+    ``run(entry, inputs, registers) -> logits``; chunked prefill calls (a row idle once its prompt
+    is in), then decode calls with every sequence at its own context; the kv_* inputs from the
+    block ``tables`` (``mcpc.decoder_check.paged_feeds``), as the host's KV manager would."""
+    from mcpc.decoder_check import paged_feeds
+
+    chunk, nb, b_max = info["prefill_chunk"], info["kv_blocks"], info["max_batch"]
+    gather = b_max * -(-info["max_seq"] // 64)
+
+    def call(entry, toks, past):
+        seq = chunk if entry == "prefill" else 1
+        rows = [len(t) for t in toks]
+        feeds, used = paged_feeds(tables, past, rows, seq, gather, nb)
+        ids, pos = np.zeros((b_max, seq), np.int64), np.zeros((b_max, seq), np.int64)
+        for b, t in enumerate(toks):
+            ids[b, : len(t)] = t
+            pos[b, : len(t)] = np.arange(past[b], past[b] + len(t))
+        feeds[info["inputs"]["ids"]] = ids
+        feeds[info["inputs"]["positions"]] = pos
+        logits = run(entry, feeds, {"kv_blocks": used})
+        return [int(logits[b, n - 1].argmax()) if n else None for b, n in enumerate(rows)]
+
+    first = [None] * len(prompts)
+    for start in range(0, max(map(len, prompts)), chunk):  # each chunk after the cached past
+        past = [min(start, len(p)) for p in prompts]
+        got = call("prefill", [p[start : start + chunk] for p in prompts], past)
+        first = [g if g is not None else f for g, f in zip(got, first, strict=True)]
+    outs = [[t] for t in first]
+    for i in range(new - 1):
+        got = call("decode", [[o[-1]] for o in outs], [len(p) + i for p in prompts])
+        for o, g in zip(outs, got, strict=True):
+            o.append(g)
+    return outs

@@ -30,16 +30,16 @@ def hf(tmp_path_factory):
 
 def test_max_seq_builds_two_entries_with_the_descriptor_and_the_self_check(hf, tmp_path):
     out, rep = tmp_path / "d.mcpir", tmp_path / "r.json"
-    result = run([hf, "--max-seq", 200, "--dim", "batch=2", "--prefill-chunk", 16, "--emit", "ir",
+    result = run([hf, "--max-seq", 128, "--dim", "batch=2", "--prefill-chunk", 16, "--emit", "ir",
                   "-o", out, "--report-json", rep])  # fmt: skip
     assert result.exit_code == 0, result.output
     module = parse_module(out.read_text())
     assert list(module.functions) == ["prefill", "decode"]
-    assert module.globals["kv_v_1"].type.shape == (2 * 9 * 64, 8)  # 2 heads x (2 * 4 blocks + trash)
+    assert module.globals["kv_v_1"].type.shape == (2 * 5 * 64, 8)  # 2 heads x (2 * 2 blocks + trash)
     assert module.globals["kv_v_1"].type.dtype.name == "f16"  # fp16.yaml: the activation dtype
     report = json.loads(rep.read_text())
     d = report["decoder"]
-    assert (d["max_seq"], d["max_batch"], d["kv_blocks"], d["prefill_chunk"]) == (200, 2, 8, 16)
+    assert (d["max_seq"], d["max_batch"], d["kv_blocks"], d["prefill_chunk"]) == (128, 2, 4, 16)
     assert (d["layers"], d["kv_heads"], d["q_heads"], d["head_dim"], d["vocab"]) == (2, 2, 4, 8, 48)
     assert d["kv_dtype"] == "f16" and d["logits"] == "logits" and d["block"] == 64
     imported, built = report["decoder_check"]
@@ -83,3 +83,19 @@ def test_our_torch_fixture_builds_with_positions_from_position_ids(tmp_path):
     assert result.exit_code == 0, result.output
     d = json.loads(rep.read_text())["decoder"]
     assert d["inputs"] == {"ids": "input_ids", "positions": "position_ids"} and d["prefill_chunk"] == 32
+
+
+def test_a_quantizing_build_reports_its_accuracy_cost_instead_of_failing(tmp_path):
+    """W4A16 of a small random decoder misses the config's logits bound (so does its single-graph
+    build): the decoder build still compiles, the rewrite having been held to 1e-4 as imported, and
+    the report and the summary say the bound was exceeded."""
+    rep = tmp_path / "r.json"
+    model = Path(__file__).parents[1] / "llm" / "decoders" / "llama-with-past.onnx"
+    result = run([model, "--max-seq", 64, "-c", "qat_w4a16", "--emit", "ir", "-o", tmp_path / "x.mcpir",
+                  "--report-json", rep])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "EXCEEDED: the quantization's accuracy cost" in result.output
+    imported, built = json.loads(rep.read_text())["decoder_check"]
+    assert imported["within_tolerance"] and imported["errors"]["logits"] < 1e-4
+    assert not built["within_tolerance"] and built["errors"]["logits"] > built["max_norm_err"] == 0.25
+    assert "the first to differ is layer" in built["note"]

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-from decoder_models import make_decoder
+from decoder_models import make_decoder, ort_greedy, paged_greedy
 
-from mcpc.decoder_check import check_rewrite, paged_feeds
+from mcpc.decoder_check import check_rewrite
 from mcpc.errors import CheckFailed, UnsupportedError, UsageError
 from mcpc.ir import ops
 from mcpc.ir.decoder_import import DecoderBuild, import_decoder
@@ -102,70 +101,32 @@ def test_a_mask_that_is_not_causal_fails_the_self_check_naming_the_layer():
 def test_build_options_are_checked():
     with pytest.raises(UsageError, match="--prefill-chunk 80 exceeds --max-seq 64"):
         DecoderBuild(64, prefill_chunk=80)
+    with pytest.raises(UsageError, match="--kv-blocks 2 holds fewer than the 3 blocks"):
+        DecoderBuild(130, kv_blocks=2)
     assert DecoderBuild(130, max_batch=3).num_blocks == 9 and DecoderBuild(130).chunk == 64
 
 
-def _ort_greedy(model, prompt, new):
-    """ONNX Runtime's own KV loop on one sequence: the prompt with an empty past, then one token a
-    step fed the present K/V it returned."""
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    ins = {i.name: i for i in model.graph.input}
-    pasts = [n for n in ins if n.startswith("past")]
-    feeds = {}
-    for p in pasts:
-        dims = ins[p].type.tensor_type.shape.dim
-        feeds[p] = np.zeros((1, dims[1].dim_value, 0, dims[3].dim_value), np.float32)
-    out = []
-    step = np.array([prompt], np.int64)
-    for _ in range(new):
-        past = feeds[pasts[0]].shape[2]
-        feeds["input_ids"] = step
-        if "position_ids" in ins:
-            feeds["position_ids"] = np.arange(past, past + step.shape[1])[None]
-        if "attention_mask" in ins:
-            feeds["attention_mask"] = np.ones((1, past + step.shape[1]), np.int64)
-        res = dict(zip(names, sess.run(names, feeds), strict=True))
-        out.append(int(res["logits"][0, -1].argmax()))
-        for p in pasts:
-            feeds[p] = res[p.replace("past_key_values", "present").replace("past_", "present_")]
-        step = np.array([[out[-1]]], np.int64)
-    return out
+def test_a_max_seq_beyond_the_position_table_is_refused():
+    """GPT-2's learned positions (512 rows here) and our fixture's RoPE tables (128 rows, gathered
+    at position_ids by the build) bound --max-seq."""
+    with pytest.raises(
+        UsageError, match=r"wpe/Gather' \(Gather\) gathers .* \(512 positions\).*--max-seq 600"
+    ):
+        import_decoder(
+            Path(__file__).parents[1] / "llm" / "decoders" / "gpt2-with-past.onnx", DecoderBuild(600)
+        )
+    with pytest.raises(UsageError, match=r"\(128 positions\) at 'position_ids': --max-seq 129"):
+        import_decoder(FIXTURES / "gpt_kv-torchscript-op17.onnx", DecoderBuild(129))
 
 
 def _ir_greedy(built, prompts, new, tables):
-    """Greedy decoding of ``prompts`` (one per batch row) through the interpreter: chunked prefill
-    calls (a row idle once its prompt is in), then decode calls with every sequence at its own
-    context; block tables built here, as the host's KV manager would."""
-    m, info = built.module, built.decoder
-    state, chunk, nb, b_max = ModuleState(m), info["prefill_chunk"], info["kv_blocks"], info["max_batch"]
-    gather = b_max * -(-info["max_seq"] // 64)
+    """Greedy decoding through the interpreter's prefill and decode entries (``paged_greedy``)."""
+    state = ModuleState(built.module)
 
-    def call(entry, toks, past):
-        seq = chunk if entry == "prefill" else 1
-        new_rows = [len(t) for t in toks]
-        feeds, used = paged_feeds(tables, past, new_rows, seq, gather, nb)
-        ids, pos = np.zeros((b_max, seq), np.int64), np.zeros((b_max, seq), np.int64)
-        for b, t in enumerate(toks):
-            ids[b, : len(t)] = t
-            pos[b, : len(t)] = np.arange(past[b], past[b] + len(t))
-        out = interpret(
-            m, {"input_ids": ids, "position_ids": pos, **feeds}, entry, state, {"kv_blocks": used}
-        )
-        return [int(out["logits"][b, n - 1].argmax()) if n else None for b, n in enumerate(new_rows)]
+    def run(entry, inputs, registers):
+        return interpret(built.module, inputs, entry, state, registers)["logits"]
 
-    first = [None] * len(prompts)
-    for start in range(0, max(map(len, prompts)), chunk):  # each chunk after the cached past
-        got = call(
-            "prefill", [p[start : start + chunk] for p in prompts], [min(start, len(p)) for p in prompts]
-        )
-        first = [g if g is not None else f for g, f in zip(got, first, strict=True)]
-    outs = [[t] for t in first]
-    for i in range(new - 1):
-        got = call("decode", [[o[-1]] for o in outs], [len(p) + i for p in prompts])
-        for o, g in zip(outs, got, strict=True):
-            o.append(g)
-    return outs
+    return paged_greedy(run, built.decoder, prompts, new, tables)
 
 
 def test_greedy_generation_through_the_interpreter_equals_onnx_runtime():
@@ -174,7 +135,7 @@ def test_greedy_generation_through_the_interpreter_equals_onnx_runtime():
     model = make_decoder(seed=3)
     built = import_decoder(model, DecoderBuild(max_seq=128, kv_blocks=4, prefill_chunk=16))
     prompt = list(np.random.default_rng(5).integers(0, 48, 50))
-    want = _ort_greedy(model, prompt, 24)
+    want = ort_greedy(model, prompt, 24)
     assert _ir_greedy(built, [prompt], 24, [[3, 1]]) == [want]
     assert len(set(want)) > 3  # a real continuation, not one repeated token
 
@@ -190,7 +151,7 @@ def test_batched_greedy_generation_of_our_torch_fixture_equals_onnx_runtime(name
     assert built.decoder["inputs"]["positions"] == "position_ids"
     rng = np.random.default_rng(7)
     prompts = [list(rng.integers(0, 256, 7)), list(rng.integers(0, 256, 12))]
-    want = [_ort_greedy(model, p, 24) for p in prompts]
+    want = [ort_greedy(model, p, 24) for p in prompts]
     assert _ir_greedy(built, prompts, 24, [[2, 1], [0, 3]]) == want
 
 
