@@ -198,8 +198,7 @@ class KVPool:
             blk.refs -= 1
             if blk.refs:
                 continue
-            if blk.hash is not None:
-                self._touch(blk, now)
+            if blk.hash is not None:  # releasing is not an access: LRU-K counts uses only
                 self._evictable.add(b)
             else:
                 blk.access = []

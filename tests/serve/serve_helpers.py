@@ -1,0 +1,60 @@
+"""Shared builders for the serving tests: analytic step costs and workloads from dicts."""
+
+from __future__ import annotations
+
+from mcpc.serve import AnalyticCost, Simulator, generate, make_policy
+from mcpc.serve.cost import AnalyticSpec
+from mcpc.serve.policies import _File
+from mcpc.serve.workload import WorkloadSpec
+
+MINIMAL = """\
+seed: 1
+requests: 1000
+arrival: {process: poisson, rate_per_s: 20}
+prompt_len: {dist: uniform, min: 32, max: 512}
+output_len: {dist: fixed, value: 64}
+"""
+
+COST = """\
+kind: analytic
+clock_mhz: 1000
+max_batch: 16
+max_seq: 1024
+prefill_chunk: 64
+kv_bytes_per_token: 1024
+decode: {base: 2000000, per_seq: 20000, per_kv_token: 300}
+prefill: {base: 1500000, per_token: 30000, per_attended: 20}
+"""
+
+
+def analytic(**over):
+    """An AnalyticCost and its shape; ``over`` replaces keys of COST's spec (decode/prefill dicts too)."""
+    import yaml
+
+    data = yaml.safe_load(COST)
+    data.update(over)
+    spec = AnalyticSpec.model_validate(data)
+    return AnalyticCost(spec.clock_mhz * 1e6, spec.decode, spec.prefill), spec.shape()
+
+
+def workload(**over):
+    data = {
+        "seed": 3,
+        "requests": 200,
+        "arrival": {"process": "poisson", "rate_per_s": 20},
+        "prompt_len": {"dist": "uniform", "min": 16, "max": 300},
+        "output_len": {"dist": "uniform", "min": 1, "max": 40},
+    }
+    data.update(over)
+    return generate(WorkloadSpec.model_validate(data))
+
+
+def policy(shape, **spec):
+    return make_policy(_File.model_validate({"spec": spec}).spec, shape)
+
+
+def serve(requests, cost_shape, check=True, **policy_spec):
+    cost, shape = cost_shape
+    sim = Simulator(requests, cost, shape, policy(shape, **policy_spec), check=check)
+    sim.run()
+    return sim
