@@ -58,3 +58,33 @@ def serve(requests, cost_shape, check=True, **policy_spec):
     sim = Simulator(requests, cost, shape, policy(shape, **policy_spec), check=check)
     sim.run()
     return sim
+
+
+def decoder_program(path, decoder: dict | None):
+    """A .mcpb (one ``halt``) whose META carries ``decoder`` (or none): what ``sim serve`` reads of a
+    decoder build, without compiling one."""
+    from mcpc.arch.asm import parse_asm
+    from mcpc.arch.isa import encode_program
+    from mcpc.arch.mcpb import Program, write_mcpb
+    from mcpc.arch.target import load_target
+
+    meta = {"precision": "fp16"} | ({"decoder": decoder} if decoder is not None else {})
+    program = Program.for_target(
+        load_target("mcp2026-a100", []),
+        encode_program(parse_asm("halt")),
+        constants=b"",
+        entries=[{"name": "decode", "start": 0, "count": 1}],
+        io={"decode": {"inputs": [], "outputs": []}},
+        memory_map={"dram_size": 64, "regions": [], "sram_peak_bytes": 0},
+        debug=[{"ir_op": "mcp.halt", "onnx_node": "n0", "op_type": "Test"}],
+        meta=meta,
+    )
+    write_mcpb(path, program)
+    return path
+
+
+DECODER_META = {
+    "max_seq": 1024, "max_batch": 16, "block": 64, "kv_blocks": 256, "prefill_chunk": 64, "layers": 30,
+    "kv_heads": 3, "q_heads": 9, "head_dim": 64, "kv_dtype": "f16", "vocab": 49152, "logits": "logits",
+    "inputs": {"ids": "input_ids", "positions": "position_ids"}, "kv_quant": None,
+}  # fmt: skip
