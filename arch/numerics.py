@@ -480,3 +480,33 @@ def matmul_qa_2d(a: np.ndarray, codes: np.ndarray, scale_a, zp_a, q_dtype: str, 
                 else:
                     c += part
     return acc
+
+
+# -- attention over a KV cache (mcp.paged_attention, the `vattn` instruction) --------------------
+def attention_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: np.ndarray, length: np.ndarray,
+                   scale: float, out: str) -> np.ndarray:  # fmt: skip
+    """Attention of each query row over its own window of K/V rows, stored as ``out``.
+
+    ``q`` (R, D); ``k`` and ``v`` (N, D), any float dtype; ``start`` and ``length`` one integer per
+    row.  Row r attends rows ``[start[r], start[r] + length[r])`` of K and V; a row of length 0 gives
+    zeros.  Per row, on exactly these shapes: ``s = q[r] @ K.T`` (``matmul_tile``, f32), ``s *= scale``
+    (f32), ``e = exp(s - max(s))`` (exp as ``unary``: f64 rounded to f32), ``p = e / sum(e)`` (f32),
+    ``o = p @ V`` (``matmul_tile``, f32), rounded once to ``out``.  The caller guarantees every window
+    lies inside K and V (the interpreter and the simulator check it first).
+    """
+    rows, d = q.shape
+    res = np.zeros((rows, d), dtype=F32)
+    sc = F32(scale)
+    with np.errstate(all="ignore"):
+        for r in range(rows):
+            n = int(length[r])
+            if n <= 0:
+                continue
+            s0 = int(start[r])
+            s = matmul_tile(q[r : r + 1], k[s0 : s0 + n].T)
+            s *= sc
+            s -= np.maximum.reduce(s, axis=-1, keepdims=True)
+            e = unary("exp", s, "f32")
+            e /= np.add.reduce(e, axis=-1, keepdims=True)
+            res[r] = matmul_tile(e, v[s0 : s0 + n])[0]
+    return cast(res, out)

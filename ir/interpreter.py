@@ -479,3 +479,58 @@ def _global_store(op, args):
     buf = state.globals[op.attrs["global"]]
     buf[_global_rows(op, buf, int(args[1]), args[0].shape[0])] = args[0]
     return []
+
+
+# -- paged KV cache (ir/ops_kv.py) -----------------------------------------------------------------
+def _checked_indices(op, idx: np.ndarray, limit: int, what: str) -> np.ndarray:
+    idx = np.asarray(idx, dtype=np.int64).reshape(-1)
+    bad = np.flatnonzero((idx < 0) | (idx >= limit))
+    if bad.size:
+        i = int(bad[0])
+        raise InputError(f"{op.describe()}: {what} {int(idx[i])} at index {i} is outside [0, {limit})")
+    return idx
+
+
+@impl(ops.KVStoreOp)
+def _kv_store(op, args):
+    state, _ = _run_state(op)
+    buf = state.globals[op.attrs["global"]]
+    new, slot = args
+    b, h, s, d = new.shape
+    per_head = buf.shape[0] // h
+    slots = _checked_indices(op, slot, per_head, "slot")
+    rows = (np.arange(h)[None, :, None] * per_head + slots.reshape(b, 1, s)).reshape(-1)
+    buf[rows] = new.reshape(-1, d)
+    return []
+
+
+@impl(ops.PagedAttentionOp)
+def _paged_attention(op, args):
+    state, _ = _run_state(op)
+    q, gather, start, length, nblocks = args
+    k_buf, v_buf = state.globals[op.attrs["k_global"]], state.globals[op.attrs["v_global"]]
+    kv, bs = int(op.attrs["kv_heads"]), int(op.attrs["block_size"])
+    b, hq, s, d = q.shape
+    per_head = k_buf.shape[0] // kv
+    n = int(nblocks)
+    if not 0 <= n <= gather.shape[0]:
+        raise InputError(f"{op.describe()}: block count {n} is outside [0, {gather.shape[0]}]")
+    ids = _checked_indices(op, gather[:n], per_head // bs, "block id")
+    start, length = np.asarray(start, np.int64), np.asarray(length, np.int64)
+    bad = np.flatnonzero((length < 0) | (start < 0) | ((length > 0) & (start + length > n * bs)))
+    if bad.size:
+        r = int(bad[0])
+        raise InputError(
+            f"{op.describe()}: row {r} attends [{int(start[r])}, {int(start[r] + length[r])}), outside the "
+            f"{n * bs} gathered rows"
+        )
+    offsets = (ids[:, None] * bs + np.arange(bs)[None, :]).reshape(-1)
+    out = np.empty_like(q)
+    group = hq // kv
+    for kh in range(kv):
+        gk, gv = k_buf[kh * per_head + offsets], v_buf[kh * per_head + offsets]
+        for hd in range(kh * group, (kh + 1) * group):
+            rows = q[:, hd].reshape(b * s, d)
+            res = nx.attention_rows(rows, gk, gv, start, length, op.attrs["scale"], op.result.type.dtype.name)
+            out[:, hd] = res.reshape(b, s, d)
+    return [out]

@@ -36,6 +36,7 @@ from mcpc.ir.ops_elementwise import (
     TanhOp,
     UnaryOp,
 )
+from mcpc.ir.ops_kv import KVStoreOp, PagedAttentionOp
 from mcpc.ir.ops_nn import (
     ArgMaxOp,
     LayerNormOp,
@@ -82,6 +83,8 @@ __all__ = [
     "GlobalLoadOp",
     "GlobalStoreOp",
     "HostRegOp",
+    "KVStoreOp",
+    "PagedAttentionOp",
     "ScalarOp",
     "GeluOp",
     "GreaterOp",

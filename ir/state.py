@@ -16,6 +16,7 @@ from mcpc.arch.numerics import scalar_alu
 from mcpc.errors import VerifyError
 from mcpc.ir.core import Function, Module, Value
 from mcpc.ir.ops_core import ConstantOp
+from mcpc.ir.ops_kv import KVStoreOp, PagedAttentionOp
 from mcpc.ir.ops_state import SCALAR, GlobalLoadOp, GlobalStoreOp, HostRegOp, ScalarOp
 
 S32 = (-(1 << 31), (1 << 31) - 1)
@@ -73,7 +74,53 @@ def scalar_ranges(module: Module, fn: Function) -> dict[int, tuple[int, int]]:
             ranges[id(op.result)] = (lo, hi)
         elif isinstance(op, (GlobalLoadOp, GlobalStoreOp)):
             _check_access(module, op, ranges, where)
+        elif isinstance(op, KVStoreOp):
+            _, heads, _, d = op.operands[0].type.shape
+            _cache_global(module, op, "global", heads, 1, d, op.operands[0].type.dtype, where)
+        elif isinstance(op, PagedAttentionOp):
+            _check_paged_attention(module, op, ranges, where)
     return ranges
+
+
+def _global(module: Module, op, name: str, where: str):
+    g = module.globals.get(name)
+    if g is None:
+        raise VerifyError(
+            f"{where}: {op.describe()}: no global @{name} is declared "
+            f"(declared: {', '.join('@' + n for n in module.globals) or 'none'})"
+        )
+    return g
+
+
+def _cache_global(module: Module, op, attr: str, heads: int, block: int, d: int, dtype, where: str):
+    """The KV cache global named by ``op.attrs[attr]``: [heads · P, d] with P a multiple of ``block``
+    (VerifyError otherwise); ``dtype`` None accepts any float dtype."""
+    name = op.attrs[attr]
+    t = _global(module, op, name, where).type
+    ok = t.rank == 2 and t.shape[1] == d and t.shape[0] % (heads * block) == 0
+    ok = ok and (t.dtype == dtype if dtype is not None else t.dtype.is_float)
+    if not ok:
+        raise VerifyError(
+            f"{where}: {op.describe()}: global @{name} : {t} is not a KV cache of {heads} head(s) x "
+            f"a multiple of {block} row(s) x {d} {dtype.name if dtype is not None else 'float'}"
+        )
+    return t
+
+
+def _check_paged_attention(module: Module, op, ranges: dict, where: str) -> None:
+    kv, block = int(op.attrs["kv_heads"]), int(op.attrs["block_size"])
+    d = op.operands[0].type.shape[3]
+    kt = _cache_global(module, op, "k_global", kv, block, d, None, where)
+    vt = _cache_global(module, op, "v_global", kv, block, d, None, where)
+    if kt != vt:
+        raise VerifyError(f"{where}: {op.describe()}: K cache {kt} and V cache {vt} differ")
+    lo, hi = _range(ranges, op.operands[4], op, where)
+    g = op.operands[1].type.shape[0]
+    if lo < 0 or hi > g:
+        raise VerifyError(
+            f"{where}: {op.describe()}: the block count in [{lo}, {hi}] can leave [0, {g}] (the block "
+            "ids given): bound the host register's range"
+        )
 
 
 def _exact(func: str, a: int, b: int) -> int:
@@ -95,12 +142,7 @@ def _range(ranges: dict, v: Value, op, where: str) -> tuple[int, int]:
 
 def _check_access(module: Module, op, ranges: dict, where: str) -> None:
     name = op.attrs["global"]
-    g = module.globals.get(name)
-    if g is None:
-        raise VerifyError(
-            f"{where}: {op.describe()}: no global @{name} is declared "
-            f"(declared: {', '.join('@' + n for n in module.globals) or 'none'})"
-        )
+    g = _global(module, op, name, where)
     t = op.results[0].type if isinstance(op, GlobalLoadOp) else op.operands[0].type
     what = "result" if isinstance(op, GlobalLoadOp) else "stored value"
     gt = g.type
