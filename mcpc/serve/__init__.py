@@ -3,7 +3,7 @@ costs from the compiled program's timing model (``docs/serving.md``)."""
 
 from .cost import AnalyticCost, CostGrid, ExactCost, ServedShape, StepCost, load_cost_file
 from .engine import Iteration, Seq, Simulator
-from .kvpool import KVPool
+from .kv import ServingKV
 from .metrics import chrome_trace, summarize
 from .policies import POLICIES, load_policy, make_policy
 from .workload import Request, WorkloadSpec, generate, load_workload
@@ -14,10 +14,10 @@ __all__ = [
     "CostGrid",
     "ExactCost",
     "Iteration",
-    "KVPool",
     "Request",
     "Seq",
     "ServedShape",
+    "ServingKV",
     "Simulator",
     "StepCost",
     "WorkloadSpec",

@@ -1,7 +1,6 @@
 """``mcpc sim serve``: simulate serving a workload on the NPU, print the metrics, write JSON and a
 Chrome trace.  Registered on the ``sim`` group by ``mcpc.cli``; errors go through the guard
-(exit 3 for a bad workload, policy or cost file, 4 for a program whose step costs cannot be
-measured in this installation)."""
+(exit 3 for a bad workload, policy or cost file, 2 for a program that is not a decoder build)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import numpy as np
 from mcpc.errors import InputError, InternalError
 
 from .cost import ServedShape, StepCost
-from .kvpool import KVPool
+from .kv import ServingKV
 from .workload import Request
 
 
@@ -39,6 +39,7 @@ class Seq:
     finish_s: float | None = None
     preemptions: int = 0
     itl: list[float] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)  # its generated token ids
 
     @property
     def id(self) -> int:
@@ -65,7 +66,7 @@ class Simulator:
     ):
         self.requests, self.cost, self.shape, self.policy = requests, cost, shape, policy
         self.check = check
-        self.pool = KVPool(shape.kv_blocks, shape.block)
+        self.kv = ServingKV(shape.kv_blocks, shape.block, shape.kv_bytes_per_token, shape.max_seq)
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self.finished: list[Seq] = []
@@ -73,7 +74,7 @@ class Simulator:
         self.arrivals_done = False
         self.iterations: list[dict] = []
         self.preemptions = 0
-        self._rng = np.random.default_rng(0x5E4E)
+        self._made = 1 << 40  # generated ids: unique, outside any vocabulary (timing never reads them)
         self._validate()
 
     def _validate(self) -> None:
@@ -96,9 +97,10 @@ class Simulator:
             )
 
     # -- what policies call ------------------------------------------------------------------
-    def admit(self, seq: Seq, reserve: int) -> bool:
-        """Reserve KV for ``seq`` (``reserve`` tokens) and make it running; False when it does not fit."""
-        hit = self.pool.admit(seq.id, seq.tokens, reserve, self.now)
+    def admit(self, seq: Seq, reserve: int, keep: int = 0) -> bool:
+        """Reserve KV for ``seq`` (``reserve`` tokens, leaving ``keep`` spare blocks) and make it
+        running; False when it does not fit."""
+        hit = self.kv.admit(seq.id, seq.tokens, reserve, keep)
         if hit is None:
             return False
         seq.prefilled = seq.ctx = hit
@@ -108,12 +110,11 @@ class Simulator:
         return True
 
     def preempt(self, seq: Seq) -> None:
-        """Evict ``seq`` by recompute: free its KV, requeue it first with its generated tokens
-        appended to what its next prefill computes."""
-        self.pool.free(seq.id, self.now)
+        """Evict ``seq`` by recompute: free its KV (its full blocks stay cached until evicted),
+        requeue it first with its generated tokens appended to what its next prefill computes."""
+        self.kv.free(seq.id)
         self.running.remove(seq)
-        made = self._rng.integers(0, 2**31, seq.generated)  # ids the timing model never looks at
-        seq.tokens = np.concatenate([seq.req.prompt, made])
+        seq.tokens = np.concatenate([seq.req.prompt, np.asarray(seq.ids, dtype=np.int64)])
         seq.prefilled = seq.ctx = 0
         seq.preemptions += 1
         self.preemptions += 1
@@ -122,6 +123,8 @@ class Simulator:
     # -- the loop ----------------------------------------------------------------------------
     def _emit(self, seq: Seq, t: float) -> None:
         seq.generated += 1
+        self._made += 1
+        seq.ids.append(self._made)
         if seq.first_token_s is None:
             seq.first_token_s = t
         else:
@@ -129,7 +132,7 @@ class Simulator:
         seq.last_token_s = t
         if seq.generated >= seq.req.output_len:
             seq.finish_s = t
-            self.pool.free(seq.id, t)
+            self.kv.free(seq.id)
             self.running.remove(seq)
             self.finished.append(seq)
 
@@ -148,10 +151,13 @@ class Simulator:
             raise InternalError(
                 f"policy {self.policy.name} decodes {len(it.decode)} > max_batch {s.max_batch}"
             )
-        for seq in it.decode:  # the decode step writes one more K/V row
-            if not self.pool.ensure(seq.id, seq.ctx + 1, self.now):
-                raise InternalError(f"policy {self.policy.name} decodes sequence {seq.id} without KV room")
         decode_c, prefill_c = self._step_cycles(it)
+        # the K/V rows this iteration writes: each prefill chunk, each decode step's input token
+        grown = [(q, q.tokens[q.prefilled : q.prefilled + n]) for q, n in it.prefill]
+        grown += [(q, q.ids[-1:]) for q in it.decode]
+        for seq, toks in grown:
+            if not self.kv.append(seq.id, toks):
+                raise InternalError(f"policy {self.policy.name} runs sequence {seq.id} without KV room")
         start, end = self.now, self.now + (decode_c + prefill_c) / self.cost.clock_hz
         self.iterations.append(
             {
@@ -163,7 +169,7 @@ class Simulator:
                 "kv_tokens": sum(q.ctx + 1 for q in it.decode),
                 "decode_cycles": decode_c,
                 "prefill_cycles": prefill_c,
-                "kv_blocks_used": self.pool.used_blocks,
+                "kv_blocks_used": self.kv.used_blocks,
                 "waiting": len(self.waiting),
             }
         )
@@ -171,15 +177,14 @@ class Simulator:
         for seq, n in it.prefill:
             seq.prefilled += n
             seq.ctx += n
-            self.pool.computed(seq.id, seq.prefilled)
             if seq.prefill_done:
                 self._emit(seq, end)
         for seq in it.decode:
             seq.ctx += 1
             self._emit(seq, end)
         if self.check:
-            self.pool.check()
-            assert self.pool.used_blocks <= self.pool.num_blocks
+            self.kv.check([q.id for q in self.running])
+            assert all(self.kv.kv.num_tokens(q.id) == q.ctx for q in self.running)
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> list[Seq]:
         """Serve every request; returns the finished sequences (each request exactly once)."""

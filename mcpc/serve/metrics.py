@@ -65,8 +65,7 @@ def summarize(sim: Simulator, slo=None) -> dict:
     its = sim.iterations
     busy = sum(i["end"] - i["start"] for i in its)
     kv_time = sum((i["end"] - i["start"]) * i["kv_blocks_used"] for i in its)
-    pool = sim.pool
-    shape = sim.shape
+    kv = sim.kv
     peak_blocks = max((i["kv_blocks_used"] for i in its), default=0)
     decode_its = [i for i in its if i["decode"]]
     out = {
@@ -91,18 +90,18 @@ def summarize(sim: Simulator, slo=None) -> dict:
             "prefill_tokens": int(sum(i["prefill_tokens"] for i in its)),
             # prefill tokens beyond the prompts' (tokens recomputed after preemptions)
             "recomputed_tokens": int(
-                sum(i["prefill_tokens"] for i in its) - sum(s.req.prompt_len for s in done) + pool.hit_tokens
+                sum(i["prefill_tokens"] for i in its) - sum(s.req.prompt_len for s in done) + kv.hit_tokens
             ),
         },
         "kv": {
-            "blocks": pool.num_blocks,
-            "block_tokens": pool.block,
+            "blocks": kv.num_blocks,
+            "block_tokens": kv.block,
             "peak_blocks": int(peak_blocks),
-            "peak_utilisation": peak_blocks / pool.num_blocks,
-            "mean_utilisation": kv_time / span / pool.num_blocks,
-            "peak_bytes": int(peak_blocks * pool.block * shape.kv_bytes_per_token),
-            "prefix_hit_rate": pool.hit_tokens / max(pool.lookup_tokens, 1),
-            "evictions": pool.evictions,
+            "peak_utilisation": peak_blocks / kv.num_blocks,
+            "mean_utilisation": kv_time / span / kv.num_blocks,
+            "peak_bytes": int(kv.kv.peak_kv_bytes),
+            "prefix_hit_rate": kv.hit_tokens / max(kv.lookup_tokens, 1),
+            "evictions": kv.kv.evictions,
             "preemptions": sim.preemptions,
         },
     }

@@ -161,7 +161,7 @@ class RequestLevel:
             admitted.append(seq)
         if not admitted:
             raise InputError(
-                f"request {chosen[0].id} does not fit the KV pool even alone ({sim.pool.num_blocks} blocks)"
+                f"request {chosen[0].id} does not fit the KV pool even alone ({sim.kv.num_blocks} blocks)"
             )
         self.batch = admitted
         self.batches.append(len(admitted))
@@ -289,18 +289,12 @@ class ContinuousBatching:
         pass
 
     def plan(self, sim: Simulator):
-        pool = sim.pool
-        decode = [s for s in sim.running if s.prefill_done]
-        i = 0
-        while i < len(decode):  # room for each decode step's new K/V row, preempting the latest
-            seq = decode[i]
-            if pool.ensure(seq.id, seq.ctx + 1, sim.now):
-                i += 1
-                continue
-            victim = sim.running[-1]
-            sim.preempt(victim)
-            if victim in decode:
-                decode.remove(victim)
+        while True:  # room for each decode step's new K/V row, else preempt the latest admitted
+            decode = [s for s in sim.running if s.prefill_done]
+            growth = sum(sim.kv.extra_blocks(s.id, 1) for s in decode)
+            if growth <= sim.kv.spare:
+                break
+            sim.preempt(sim.running[-1])
         budget = self.budget - len(decode)
         prefill = []
         for seq in sim.running:  # chunks of prompts already admitted, in admission order
@@ -312,7 +306,7 @@ class ContinuousBatching:
                 budget -= n
         while sim.waiting and len(sim.running) < self.max_seqs and budget > 0:
             seq = sim.waiting[0]
-            if not sim.admit(seq, len(seq.tokens)):
+            if not sim.admit(seq, len(seq.tokens), keep=growth):
                 break  # FCFS: the head waits for KV, nobody overtakes it
             sim.waiting.popleft()
             n = min(self.shape.prefill_chunk, len(seq.tokens) - seq.prefilled, budget)

@@ -88,3 +88,61 @@ DECODER_META = {
     "kv_heads": 3, "q_heads": 9, "head_dim": 64, "kv_dtype": "f16", "vocab": 49152, "logits": "logits",
     "inputs": {"ids": "input_ids", "positions": "position_ids"}, "kv_quant": None,
 }  # fmt: skip
+
+
+def runnable_decoder(path, meta: dict):
+    """A .mcpb that passes for a decoder build on the simulator: `prefill` and `decode` entries (each
+    one ``halt``) taking the decoder inputs, producing logits, reading the ``kv_blocks`` register.
+    Its steps cost a constant few cycles: enough to drive DecoderSession's timing-only calls."""
+    import numpy as np
+
+    from mcpc.arch.asm import parse_asm
+    from mcpc.arch.isa import encode_program
+    from mcpc.arch.mcpb import Program, write_mcpb
+    from mcpc.arch.target import load_target
+
+    B, C = meta["max_batch"], meta["prefill_chunk"]
+    mb = -(-meta["max_seq"] // meta["block"])
+    io, regions, cur = {}, [], 0
+    for entry, S in (("prefill", C), ("decode", 1)):
+        table = {"inputs": [], "outputs": []}
+        shapes = {
+            "input_ids": ("i64", (B, S)),
+            "position_ids": ("i64", (B, S)),
+            "kv_slot": ("i32", (B * S,)),
+            "kv_gather": ("i32", (B * mb,)),
+            "kv_start": ("i32", (B * S,)),
+            "kv_len": ("i32", (B * S,)),
+        }
+        for kind, items in (("inputs", shapes), ("outputs", {"logits": ("f32", (B, S, meta["vocab"]))})):
+            for name, (dtype, shape) in items.items():
+                nbytes = int(np.prod(shape)) * (8 if dtype == "i64" else 4)
+                table[kind].append(
+                    {
+                        "name": name,
+                        "dtype": dtype,
+                        "shape": list(shape),
+                        "dram": cur,
+                        "bytes": nbytes,
+                        "onnx_dtype": 1,
+                    }
+                )
+                regions.append({"name": f"{entry}.{name}", "kind": kind[:-1], "dram": cur, "bytes": nbytes})
+                cur += -(-nbytes // 64) * 64
+        io[entry] = table
+    text = encode_program(parse_asm("halt\nhalt"))
+    program = Program.for_target(
+        load_target("mcp2026-a100", []),
+        text,
+        constants=b"",
+        entries=[{"name": "prefill", "start": 0, "count": 1}, {"name": "decode", "start": 1, "count": 1}],
+        io=io,
+        memory_map={"dram_size": cur + 64, "regions": regions, "sram_peak_bytes": 0},
+        debug=[{"ir_op": "mcp.halt", "onnx_node": f"n{i}", "op_type": "Test"} for i in range(2)],
+        meta={"precision": "fp16", "decoder": meta},
+        host_registers=[
+            {"name": "kv_blocks", "reg": 1, "min": 0, "max": B * mb, "entries": ["prefill", "decode"]}
+        ],
+    )
+    write_mcpb(path, program)
+    return path

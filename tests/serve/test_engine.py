@@ -30,10 +30,10 @@ def check_conservation(sim, requests):
         assert s.generated == s.req.output_len
         assert s.req.arrival_s <= s.admitted_s <= s.first_token_s <= s.finish_s
         assert len(s.itl) == s.req.output_len - 1 and all(g > 0 for g in s.itl)
-    assert sim.pool.used_blocks == 0 and not sim.running and not sim.waiting
+    assert sim.kv.used_blocks == 0 and not sim.running and not sim.waiting
     for a, b in zip(sim.iterations, sim.iterations[1:], strict=False):
         assert a["end"] <= b["start"] + 1e-12  # one NPU: iterations never overlap
-    assert max(i["kv_blocks_used"] for i in sim.iterations) <= sim.pool.num_blocks
+    assert max(i["kv_blocks_used"] for i in sim.iterations) <= sim.kv.num_blocks
 
 
 @pytest.mark.parametrize("spec", POLICY_SPECS, ids=lambda s: "-".join(f"{v}" for v in s.values()))

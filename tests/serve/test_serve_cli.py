@@ -3,11 +3,10 @@ Chrome trace, the cost grid cache, a decoder program's shape from META, and user
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 from click.testing import CliRunner
-from serve_helpers import COST, DECODER_META, MINIMAL, decoder_program
+from serve_helpers import COST, DECODER_META, MINIMAL, decoder_program, runnable_decoder
 
 from mcpc.cli import cli
 
@@ -56,6 +55,7 @@ def test_policy_file_and_slo(tmp_path):
 
 def test_cost_grid_measured_once_then_cached(tmp_path):
     cost, work = files(tmp_path)
+    work.write_text(MINIMAL.replace("requests: 1000", "requests: 150"))
     grid = tmp_path / "g.json"
     first = run(
         cost, "--workload", work, "--cost-grid", grid, "--grid-points", 4, "--json", tmp_path / "a.json"
@@ -80,35 +80,32 @@ def test_cost_grid_measured_once_then_cached(tmp_path):
     )
 
 
-def test_decoder_program_shape_and_cached_grid(tmp_path):
-    """A decoder build: its shape comes from META; without the host driver the grid cannot be
-    measured (exit 4, naming --cost-grid), a grid cached for this very program is used."""
-    from serve_helpers import analytic
-
-    from mcpc.serve import CostGrid
-    from mcpc.serve.cost import file_digest
+def test_decoder_program_measures_its_grid_once(tmp_path):
+    """A decoder build: the shape from META, the grid measured by timing-only calls of its entries
+    on the simulator (DecoderSession over a Session) and cached beside it; --exact runs too."""
     from mcpc.serve.program import served_shape
     from mcpc.sim.api import load_program
 
     _, work = files(tmp_path)
-    prog = decoder_program(tmp_path / "d.mcpb", DECODER_META)
+    work.write_text(MINIMAL.replace("requests: 1000", "requests: 40").replace("max: 512", "max: 120"))
+    meta = dict(DECODER_META, max_batch=4, max_seq=256, kv_blocks=16, prefill_chunk=32, vocab=10)
+    prog = runnable_decoder(tmp_path / "d.mcpb", meta)
     shape = served_shape(load_program(prog), "d.mcpb")
-    assert (shape.max_batch, shape.kv_blocks, shape.kv_bytes_per_token) == (16, 256, 2 * 30 * 3 * 64 * 2)
-    if importlib.util.find_spec("mcpc.sim.decoder") is None:  # no decoder host driver to measure with
-        res = run(prog, "--workload", work)
-        assert res.exit_code == 4 and "--cost-grid" in res.output
-    cost, _ = analytic()
-    grid = CostGrid.measure(cost.measure, shape, 1.41e9, points=3, source={"sha256": file_digest(prog)})
-    grid.save(tmp_path / "d.costgrid.json")  # the default cache path beside the program
-    res = run(prog, "--workload", work, "--json", tmp_path / "r.json")
+    assert (shape.max_batch, shape.kv_blocks, shape.kv_bytes_per_token) == (4, 16, 2 * 30 * 3 * 64 * 2)
+    res = run(prog, "--workload", work, "--grid-points", 3, "--json", tmp_path / "a.json")
     assert res.exit_code == 0, res.output
-    r = json.loads((tmp_path / "r.json").read_text())
-    assert r["cost"] == {
-        "mode": "grid",
-        "file": "d.costgrid.json",
-        "cached": True,
-        "interpolation_error": grid.error,
-    }
+    a = json.loads((tmp_path / "a.json").read_text())
+    assert (
+        a["cost"]["mode"] == "grid"
+        and a["cost"]["cached"] is False
+        and a["cost"]["file"] == "d.costgrid.json"
+    )
+    assert (tmp_path / "d.costgrid.json").exists() and a["requests"] == 40
+    res = run(prog, "--workload", work, "--json", tmp_path / "b.json")
+    assert res.exit_code == 0 and json.loads((tmp_path / "b.json").read_text())["cost"]["cached"] is True
+    res = run(prog, "--workload", work, "--exact", "--json", tmp_path / "c.json")
+    c = json.loads((tmp_path / "c.json").read_text())
+    assert res.exit_code == 0 and c["cost"]["mode"] == "exact" and c["ttft_ms"]["mean"] > 0
 
 
 def test_user_errors(tmp_path):
@@ -125,7 +122,7 @@ def test_user_errors(tmp_path):
     assert res.exit_code == 3 and "policy: missing required key" in res.output
     plain = decoder_program(tmp_path / "plain.mcpb", None)
     res = run(plain, "--workload", work)
-    assert res.exit_code == 3 and "not a decoder build" in res.output and "--max-seq" in res.output
+    assert res.exit_code == 2 and "not a decoder build" in res.output and "--max-seq" in res.output
     res = run(cost, "--workload", work, "--exact")
     assert res.exit_code == 2 and "--exact" in res.output
     work.write_text(MINIMAL.replace("max: 512", "max: 1000"))
