@@ -184,7 +184,7 @@ class Simulator:
             self._emit(seq, end)
         if self.check:
             self.kv.check([q.id for q in self.running])
-            assert all(self.kv.kv.num_tokens(q.id) == q.ctx for q in self.running)
+            assert all(self.kv.num_tokens(q.id) == q.ctx for q in self.running)
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> list[Seq]:
         """Serve every request; returns the finished sequences (each request exactly once)."""

@@ -31,12 +31,26 @@ class ServingKV:
         self.kv = KVManager(num_blocks, block, bytes_per_block=block * bytes_per_token, max_tokens=max_tokens)
         self.num_blocks, self.block = num_blocks, block
         self._reserve: dict[int, int] = {}  # seq -> blocks reserved
+        self._tokens: dict[int, int] = {}  # seq -> tokens appended (pending ones included)
+        # tokens that fit the last block of their sequence wait here and reach the manager when the
+        # sequence next needs a block or ends: the same blocks, hashes and refcounts, far fewer calls
+        # (a decode step appends one token per sequence)
+        self._pending: dict[int, list[int]] = {}
         self._promised = 0  # reserved blocks not yet allocated, over all sequences
         self.hit_tokens = 0
         self.lookup_tokens = 0
 
     def _blocks(self, seq: int) -> int:
-        return -(-self.kv.num_tokens(seq) // self.block)
+        return -(-self._tokens[seq] // self.block)
+
+    def num_tokens(self, seq: int) -> int:
+        return self._tokens[seq]
+
+    def _flush(self, seq: int) -> None:
+        pending = self._pending.get(seq)
+        if pending:
+            self.kv.append(seq, pending)
+            pending.clear()
 
     def _owed(self, seq: int) -> int:
         return max(0, self._reserve[seq] - self._blocks(seq))
@@ -63,6 +77,8 @@ class ServingKV:
             self.kv.free(seq)
             return None
         self._reserve[seq] = blocks
+        self._tokens[seq] = hit
+        self._pending[seq] = []
         self._promised += owed
         self.hit_tokens += hit
         self.lookup_tokens += len(tokens)
@@ -70,26 +86,38 @@ class ServingKV:
 
     def extra_blocks(self, seq: int, count: int) -> int:
         """Blocks beyond ``seq``'s reservation that appending ``count`` tokens would take."""
-        return max(0, self.kv.blocks_needed(seq, count) - self._owed(seq))
+        n = self._tokens[seq]
+        return max(0, -(-(n + count) // self.block) - -(-n // self.block) - self._owed(seq))
 
     def append(self, seq: int, tokens) -> bool:
         """Append ``tokens`` to ``seq``; False (nothing changed) when that needs a block that is
         neither reserved for ``seq`` nor spare."""
-        need = self.kv.blocks_needed(seq, len(tokens))
+        n, count = self._tokens[seq], len(tokens)
+        if n % self.block and n % self.block + count <= self.block:  # within its last block
+            self._pending[seq].extend(int(t) for t in tokens)
+            self._tokens[seq] = n + count
+            return True
+        need = -(-(n + count) // self.block) - -(-n // self.block)
         owed = self._owed(seq)
         if need > owed + self.spare:
             return False
+        self._flush(seq)
         self.kv.append(seq, [int(t) for t in tokens])
+        self._tokens[seq] = n + count
         self._promised -= min(need, owed)
         return True
 
     def free(self, seq: int) -> None:
         self._promised -= self._owed(seq)
-        del self._reserve[seq]
+        self._flush(seq)
+        del self._reserve[seq], self._tokens[seq], self._pending[seq]
         self.kv.free(seq)
 
     def check(self, live: list[int]) -> None:
         """The invariants (the tests call this after every iteration)."""
+        for s in live:
+            self._flush(s)
+            assert self.kv.num_tokens(s) == self._tokens[s]
         assert self._promised == sum(self._owed(s) for s in self._reserve), "promises out of step"
         assert self.spare >= 0, "KV over-committed"
         assert sorted(self._reserve) == sorted(live) == sorted(self.kv.sequences)
