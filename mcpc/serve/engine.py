@@ -86,14 +86,14 @@ class Simulator:
         if need > s.max_seq:
             n = sum(1 for r in self.requests if r.prompt_len + r.output_len > s.max_seq)
             raise InputError(
-                f"{n} request(s) need more than the program's max_seq {s.max_seq} tokens (request "
+                f"{n} request(s) need more than the build's max_seq {s.max_seq} tokens (request "
                 f"{longest.id}: prompt {longest.prompt_len} + output {longest.output_len} = {need}): shorten "
                 "prompt_len/output_len in the workload or build with a larger --max-seq"
             )
         if -(-need // s.block) > s.kv_blocks:
             raise InputError(
                 f"request {longest.id} needs {-(-need // s.block)} KV blocks of {s.block} tokens, the "
-                f"program's pool holds {s.kv_blocks} (--kv-blocks)"
+                f"build's pool holds {s.kv_blocks} (--kv-blocks)"
             )
 
     # -- what policies call ------------------------------------------------------------------

@@ -210,7 +210,7 @@ def test_requests_longer_than_the_build_are_refused():
     reqs = workload(
         requests=5, prompt_len={"dist": "fixed", "value": 1000}, output_len={"dist": "fixed", "value": 30}
     )
-    with pytest.raises(InputError, match=r"5 request\(s\) need more than the program's max_seq 1024"):
+    with pytest.raises(InputError, match=r"5 request\(s\) need more than the build's max_seq 1024"):
         serve(reqs, analytic(), policy="continuous")
 
 
