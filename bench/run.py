@@ -38,7 +38,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules 
 from bench_cases import SIM_SPEED_TARGET, model_cases, probe_cases, sim_speed_cases  # noqa: E402
 from bench_measure import measure_case, measure_sim_speed  # noqa: E402
 from bench_quant import measure_quant  # noqa: E402
-from bench_report import machine_facts, quant_table, render_markdown, sim_speed_table  # noqa: E402
+from bench_report import (  # noqa: E402
+    compile_pass_table,
+    machine_facts,
+    quant_table,
+    render_markdown,
+    sim_speed_table,
+)
 
 from mcpc.arch.target import list_targets, load_target  # noqa: E402
 from mcpc.driver import load_qat_config, write_atomic  # noqa: E402
@@ -206,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(sim_speed_table(doc["sim_speed"])))
     if doc["quant"]:
         print("\n".join(quant_table(doc["quant"])))
+        if doc["quant"].get("compile_passes"):
+            print("\n".join(compile_pass_table(doc["quant"]["compile_passes"])))
     print(f"wrote {args.output} and {markdown} ({doc['wall_s']:.0f} s)", file=sys.stderr)
     return 0
 

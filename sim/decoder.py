@@ -22,7 +22,7 @@ weight bytes + the KV bytes in use at that context) / the target's DRAM bandwidt
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,10 +187,18 @@ class DecoderSession:
 
     ``prefix_sharing``: prompts sharing full 64-token blocks store them once (KVManager).
     ``timing_only``: calls compute no values (cycles only; logits come back as None): for cost
-    measurements, never for generate/eval_ppl.
+    measurements, never for generate/eval_ppl.  ``bytes_per_block``: a block's bytes in NPU memory
+    (an int or ``f(block_id)``; default ``block_bytes(meta)``); ``kv.set_block_bytes`` records a
+    compressed block's own size.
     """
 
-    def __init__(self, program: Any, prefix_sharing: bool = True, timing_only: bool = False):
+    def __init__(
+        self,
+        program: Any,
+        prefix_sharing: bool = True,
+        timing_only: bool = False,
+        bytes_per_block: int | Callable[[int], int] | None = None,
+    ):
         from .session import Session
 
         # a Session (or an object with its run/last_profile/program) is used as it is
@@ -205,7 +213,7 @@ class DecoderSession:
         self.kv = KVManager(
             self.meta.kv_blocks,
             self.meta.block,
-            block_bytes(self.meta),
+            block_bytes(self.meta) if bytes_per_block is None else bytes_per_block,
             max_tokens=self.meta.max_seq,
             prefix_sharing=prefix_sharing,
         )
@@ -236,11 +244,13 @@ class DecoderSession:
         out = self.session.run(
             inputs, entry=entry, registers={KV_BLOCKS_REG: used}, timing_only=self.timing_only
         )
-        cycles = int(self.session.last_profile["cycles"])
-        kv_in_use = self.kv.bytes_of([s for s, _ in pairs])
+        prof = self.session.last_profile
+        attention = sum(r["cycles"] for r in prof.get("ir_ops", []) if r["ir_op"] == "mcp.paged_attention")
         self.steps.append(
-            {"entry": entry, "cycles": cycles, "sequences": len(pairs), "kv_bytes": kv_in_use,
-             "context": [it.past + len(it.tokens) for it in items]}
+            {"entry": entry, "cycles": int(prof["cycles"]), "sequences": len(pairs),
+             "context": [it.past + len(it.tokens) for it in items],
+             "kv_bytes": self.kv.bytes_of([s for s, _ in pairs]), "attention_cycles": int(attention),
+             "dram_read_bytes": int(prof.get("dram_read_bytes", 0))}
         )  # fmt: skip
         if self.timing_only:
             return None
@@ -378,6 +388,9 @@ class DecoderSession:
                 roofline_us_per_token=roof,
                 roofline_ratio=(cyc / mhz) / roof if roof else None,
                 decode_cycles=[s["cycles"] for s in dec],
+                decode_context=[sum(s["context"]) for s in dec],
+                decode_kv_bytes=[s["kv_bytes"] for s in dec],
+                decode_attention_cycles=[s["attention_cycles"] for s in dec],
             )
         else:  # one new token: no decode step was run
             out.update(

@@ -3,6 +3,7 @@ two ONNX Runtime rows are measured and rendered.  Timings are not checked."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -59,3 +60,22 @@ def test_measure_quant_rows_and_table():
     assert ours["gptq"]["output_error_vs_rtn"] < 1.0 and ours["awq"]["output_error_vs_rtn"] <= 1.0
     lines = quant_table(q)
     assert len(lines) == 2 + len(q["rows"]) and "| ORT MatMulNBitsQuantizer |" in lines[2]
+    assert q["compile_passes"] == []  # the compile-pass rows are MiniLM's (measure_compile_passes)
+
+
+def test_compile_pass_table_and_report_section():
+    from bench_report import compile_pass_table, render_markdown
+
+    rows = [
+        {"algorithm": "rtn", "seconds": 0.16, "quantize_weights_s": 0.15, "runs": 3, "calibrated": False,
+         "over_ort": 0.61},
+        {"algorithm": "gptq", "seconds": 9.5, "quantize_weights_s": 9.4, "runs": 1, "calibrated": True,
+         "over_ort": 36.0},
+    ]  # fmt: skip
+    lines = compile_pass_table(rows)
+    assert lines[2] == "| rtn | no | 3 | 150.0 | 160.0 | 0.61× |"
+    assert lines[3] == "| gptq | yes | 1 | 9400.0 | 9500.0 | 36.00× |"
+    doc = json.loads((Path(bench_quant.__file__).parent / "results.json").read_text())  # a full report
+    q = bench_quant.measure_quant(repeats=1, n_seq=16, seq=4, source=(_model(), _inputs))
+    doc["quant"] = {**q, "compile_passes": rows}
+    assert "| rtn | no | 3 | 150.0 | 160.0 | 0.61× |" in render_markdown(doc)

@@ -1,5 +1,5 @@
 """A host model of a decoder build's entries for the decoding-loop tests (test_decoder.py,
-test_decoder_cli.py): ``ContractSession`` implements the documented semantics of the `prefill` and
+test_sim_generate_cli.py): ``ContractSession`` implements the documented semantics of the `prefill` and
 `decode` entries over a KV store of (token, position) per slot, with logits a pseudo-random
 function of the token ids attended (``ref_logits``); ``ref_greedy`` is the greedy loop over the
 token history alone, with no cache.

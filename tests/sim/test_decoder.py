@@ -155,3 +155,13 @@ def test_timing_only_calls_cost_cycles_but_compute_nothing():
     assert session.store == {}
     with pytest.raises(UsageError, match="timing_only"):
         dec.generate([1], 2)
+
+
+def test_block_bytes_can_be_given_and_updated_per_block():
+    dec = DecoderSession(ContractSession(meta_dict()), bytes_per_block=lambda bid: 1000 + bid)
+    seq, _ = dec.new_sequence()
+    dec.prefill([(seq, list(range(70)))])
+    assert dec.kv.kv_bytes == 1000 + 1001
+    dec.kv.set_block_bytes(0, 300)  # block 0 stored compressed
+    dec.decode([seq], [1])
+    assert dec.steps[-1]["kv_bytes"] == 300 + 1001 and dec.kv.peak_kv_bytes == 2001
