@@ -392,6 +392,10 @@ if _has_module("mcpc.sim.cli"):
     from mcpc.sim.cli import sim_group  # light: click only; the simulator loads inside `run`
 
     cli.add_command(sim_group)
+    if _has_module("mcpc.serve"):
+        from mcpc.serve.cli import serve_command  # light: click only; the simulator loads inside
+
+        sim_group.add_command(serve_command)
 
 
 def main() -> None:

@@ -1,0 +1,219 @@
+"""The serving simulator: one NPU over virtual time, driven by a batching policy.
+
+The only clock is the event loop: requests arrive at their workload times; whenever the NPU is free
+the policy is asked for the next *iteration* (prefill chunks and/or one decode step of some
+sequences), which lasts its step cost (``StepCost``: the decode call, then each prefill chunk, back
+to back) and takes effect when it ends: a sequence whose prompt is fully prefilled emits its first
+token, every decoding sequence emits one token, a sequence with all its output tokens leaves and
+frees its KV blocks.  A policy may instead answer "wait until t" (a queue delay expiring) or "wait
+for the next arrival".  Nothing here depends on wall time, so a seed gives the same run every time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mcpc.errors import InputError, InternalError
+
+from .cost import ServedShape, StepCost
+from .kv import ServingKV
+from .workload import Request
+
+
+@dataclass(eq=False)
+class Seq:
+    """A request being served: its KV context and the times of its tokens."""
+
+    req: Request
+    tokens: np.ndarray  # what prefill computes: the prompt (plus generated ids after a preemption)
+    prefilled: int = 0
+    ctx: int = 0  # tokens whose K/V are in the cache
+    generated: int = 0
+    admitted_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    finish_s: float | None = None
+    preemptions: int = 0
+    itl: list[float] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)  # its generated token ids
+
+    @property
+    def id(self) -> int:
+        return self.req.id
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.prefilled >= len(self.tokens)
+
+
+@dataclass
+class Iteration:
+    """One step of the NPU: ``prefill`` chunks (sequence, tokens) and one decode token for ``decode``."""
+
+    decode: list[Seq] = field(default_factory=list)
+    prefill: list[tuple[Seq, int]] = field(default_factory=list)
+
+
+class Simulator:
+    """Serves ``requests`` with ``policy`` on a model of ``shape`` whose steps cost ``cost``."""
+
+    def __init__(
+        self, requests: list[Request], cost: StepCost, shape: ServedShape, policy, check: bool = False
+    ):
+        self.requests, self.cost, self.shape, self.policy = requests, cost, shape, policy
+        self.check = check
+        self.kv = ServingKV(shape.kv_blocks, shape.block, shape.kv_bytes_per_token, shape.max_seq)
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []
+        self.finished: list[Seq] = []
+        self.now = 0.0
+        self.arrivals_done = False
+        self.iterations: list[dict] = []
+        self.preemptions = 0
+        self._made = 1 << 40  # generated ids: unique, outside any vocabulary (timing never reads them)
+        self._validate()
+
+    def _validate(self) -> None:
+        s = self.shape
+        longest = max(self.requests, key=lambda r: r.prompt_len + r.output_len, default=None)
+        if longest is None:
+            raise InputError("the workload holds no requests")
+        need = longest.prompt_len + longest.output_len
+        if need > s.max_seq:
+            n = sum(1 for r in self.requests if r.prompt_len + r.output_len > s.max_seq)
+            raise InputError(
+                f"{n} request(s) need more than the build's max_seq {s.max_seq} tokens (request "
+                f"{longest.id}: prompt {longest.prompt_len} + output {longest.output_len} = {need}): shorten "
+                "prompt_len/output_len in the workload or build with a larger --max-seq"
+            )
+        if -(-need // s.block) > s.kv_blocks:
+            raise InputError(
+                f"request {longest.id} needs {-(-need // s.block)} KV blocks of {s.block} tokens, the "
+                f"build's pool holds {s.kv_blocks} (--kv-blocks)"
+            )
+
+    # -- what policies call ------------------------------------------------------------------
+    def admit(self, seq: Seq, reserve: int, keep: int = 0) -> bool:
+        """Reserve KV for ``seq`` (``reserve`` tokens, leaving ``keep`` spare blocks) and make it
+        running; False when it does not fit."""
+        hit = self.kv.admit(seq.id, seq.tokens, reserve, keep)
+        if hit is None:
+            return False
+        seq.prefilled = seq.ctx = hit
+        if seq.admitted_s is None:
+            seq.admitted_s = self.now
+        self.running.append(seq)
+        return True
+
+    def preempt(self, seq: Seq) -> None:
+        """Evict ``seq`` by recompute: free its KV (its full blocks stay cached until evicted),
+        requeue it first with its generated tokens appended to what its next prefill computes."""
+        self.kv.free(seq.id)
+        self.running.remove(seq)
+        seq.tokens = np.concatenate([seq.req.prompt, np.asarray(seq.ids, dtype=np.int64)])
+        seq.prefilled = seq.ctx = 0
+        seq.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # -- the loop ----------------------------------------------------------------------------
+    def _emit(self, seq: Seq, t: float) -> None:
+        seq.generated += 1
+        self._made += 1
+        seq.ids.append(self._made)
+        if seq.first_token_s is None:
+            seq.first_token_s = t
+        else:
+            seq.itl.append(t - seq.last_token_s)
+        seq.last_token_s = t
+        if seq.generated >= seq.req.output_len:
+            seq.finish_s = t
+            self.kv.free(seq.id)
+            self.running.remove(seq)
+            self.finished.append(seq)
+
+    def _step_cycles(self, it: Iteration) -> tuple[float, float]:
+        decode = 0.0
+        if it.decode:
+            decode = self.cost.decode_cost(len(it.decode), sum(s.ctx + 1 for s in it.decode))
+        prefill = sum(self.cost.prefill_cost(n, s.prefilled) for s, n in it.prefill)
+        return decode, prefill
+
+    def _run(self, it: Iteration) -> None:
+        if not it.decode and not it.prefill:
+            raise InternalError(f"policy {self.policy.name} planned an empty iteration")
+        s = self.shape
+        if len(it.decode) > s.max_batch:
+            raise InternalError(
+                f"policy {self.policy.name} decodes {len(it.decode)} > max_batch {s.max_batch}"
+            )
+        decode_c, prefill_c = self._step_cycles(it)
+        # the K/V rows this iteration writes: each prefill chunk, each decode step's input token
+        grown = [(q, q.tokens[q.prefilled : q.prefilled + n]) for q, n in it.prefill]
+        grown += [(q, q.ids[-1:]) for q in it.decode]
+        for seq, toks in grown:
+            if not self.kv.append(seq.id, toks):
+                raise InternalError(f"policy {self.policy.name} runs sequence {seq.id} without KV room")
+        start, end = self.now, self.now + (decode_c + prefill_c) / self.cost.clock_hz
+        self.iterations.append(
+            {
+                "start": start,
+                "end": end,
+                "decode": len(it.decode),
+                "prefill": len(it.prefill),
+                "prefill_tokens": sum(n for _, n in it.prefill),
+                "kv_tokens": sum(q.ctx + 1 for q in it.decode),
+                "decode_cycles": decode_c,
+                "prefill_cycles": prefill_c,
+                "kv_blocks_used": self.kv.used_blocks,
+                "waiting": len(self.waiting),
+            }
+        )
+        self.now = end
+        for seq, n in it.prefill:
+            seq.prefilled += n
+            seq.ctx += n
+            if seq.prefill_done:
+                self._emit(seq, end)
+        for seq in it.decode:
+            seq.ctx += 1
+            self._emit(seq, end)
+        if self.check:
+            self.kv.check([q.id for q in self.running])
+            assert all(self.kv.num_tokens(q.id) == q.ctx for q in self.running)
+
+    def run(self, progress: Callable[[int, int], None] | None = None) -> list[Seq]:
+        """Serve every request; returns the finished sequences (each request exactly once)."""
+        reqs = sorted(self.requests, key=lambda r: (r.arrival_s, r.id))
+        n, ai = len(reqs), 0
+        while len(self.finished) < n:
+            while ai < n and reqs[ai].arrival_s <= self.now:
+                r = reqs[ai]
+                self.waiting.append(Seq(r, r.prompt))
+                self.policy.on_arrival(r.arrival_s)
+                ai += 1
+            self.arrivals_done = ai == n
+            plan = self.policy.plan(self)
+            if isinstance(plan, Iteration):
+                before = len(self.finished)
+                self._run(plan)
+                if progress and len(self.finished) != before:
+                    progress(len(self.finished), n)
+                continue
+            wake = float("inf") if plan is None else float(plan)
+            if wake <= self.now:
+                raise InternalError(f"policy {self.policy.name} asked to wait until {wake} at {self.now}")
+            nxt = min(reqs[ai].arrival_s if ai < n else float("inf"), wake)
+            if nxt == float("inf"):
+                raise InternalError(
+                    f"policy {self.policy.name} waits with nothing to wait for ({len(self.waiting)} waiting, "
+                    f"{len(self.running)} running)"
+                )
+            self.now = max(self.now, nxt)
+        if len({s.id for s in self.finished}) != n:
+            raise InternalError("a request finished twice")
+        return self.finished
