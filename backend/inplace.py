@@ -131,8 +131,8 @@ def _rewritten(instr: Any, cmap: CopyMap, allow_write: bool, emit: Callable) -> 
     reads them and whether it writes them; None when it cannot be rewritten (or, with
     ``allow_write`` false, writes them).  An instruction not touching them comes back unchanged."""
     ops = operands(instr)
-    if ops is None:
-        return None
+    if ops is None:  # unknown layout: fine as long as it does not touch the bytes (setq: see the doc)
+        return None if _touches_any(instr, cmap) else (instr, False, False)
     fields = _fields(instr)
     changes: dict[str, int] = {}
     reads = writes = False

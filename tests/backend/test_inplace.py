@@ -151,3 +151,14 @@ def test_decode_step_same_bits_fewer_instructions_and_cycles(target, tmp_path, m
     copies = [sum(i.op == "vun" and i.fields["func"] == "copy" for i in x) for x in (on, off)]
     assert copies[0] < copies[1] / 2, copies
     assert r_on.profile["cycles"] < r_off.profile["cycles"]
+
+
+def test_a_setq_pointer_into_the_slot_keeps_the_copy():
+    # setq's pointers are read at run time by later instructions: the slot must hold its bytes then
+    def setq(ptr):
+        return lambda i, o: [Instr("setq", dict(scale_ptr=ptr, group_size=32)), _vbin(o, i, i)]
+
+    _, cons, _ = _chain(setq(131072 + 64))
+    assert [x.op for x in cons.computes] == ["vun", "setq", "vbin"]
+    _, cons, _ = _chain(setq(4 * ROW))  # elsewhere: nothing stops the fold
+    assert [x.op for x in cons.computes] == ["setq", "vbin"] and cons.computes[1] == _vbin(131072 + ROW, 0, 0)
