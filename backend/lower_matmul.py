@@ -136,16 +136,18 @@ def matmul_kernel(op: MatMulOp, ctx: LoweringContext, epilogue: Sequence[Epilogu
                 f"matmul tile [{tm}, {tn}, {tk}] needs {need} bytes of SRAM, the budget is {budget}{hint}"
             )
         raise ctx.does_not_fit(op, f"the matmul tile [{tm}, {tn}, {tk}] with its epilogue", need)
+    n_steps = math.prod(out_batch) * -(-m // tm) * -(-n // tn) * -(-k // tk)
+    slots = ctx.stream_in_slots(
+        n_steps, m, lambda s: epilogue_sram_bytes(op, epilogue, (s, ctx.out_slots), ctx.align, loaded)
+    )
     arena = ctx.arena()
-    a_ring = arena.ring(ctx.in_slots, tm * tk * es, "A tile")
-    b_ring = arena.ring(ctx.in_slots, tk * tn * es, "B tile")
+    a_ring = arena.ring(slots, tm * tk * es, "A tile")
+    b_ring = arena.ring(slots, tk * tn * es, "B tile")
     other_rings = {}
     for i, e in enumerate(epilogue):
         if loaded[i]:
             r_, c_, _ = _other_shape(e, tm, tn, mt.shape)
-            other_rings[i] = arena.ring(
-                ctx.in_slots, r_ * c_ * e.other.type.dtype.bits // 8, f"epilogue {i} tile"
-            )
+            other_rings[i] = arena.ring(slots, r_ * c_ * e.other.type.dtype.bits // 8, f"epilogue {i} tile")
     o_ring = arena.ring(ctx.out_slots, tm * tn * os_, "output tile")
     acc_buf = None if direct else arena.alloc(tm * tn * 4, "f32 accumulator")
     work = (
@@ -198,7 +200,7 @@ def matmul_kernel(op: MatMulOp, ctx: LoweringContext, epilogue: Sequence[Epilogu
                     g += 1
                 r += 1
                 steps.append(step)
-    kernel = ctx.kernel(steps, arena)
+    kernel = ctx.kernel(steps, arena, slots)
     if epi is not None:
         kernel.instr_debug = epi.debug
     return kernel

@@ -93,14 +93,16 @@ def lower_matmul_w4a16(op: MatMulW4A16Op, ctx: LoweringContext) -> Kernel:
             )
         raise ctx.does_not_fit(op, f"the matmul_w4a16 tile [{tm}, {tn}, {tk}]", need)
     groups_t = _groups(tk, group)
+    n_steps = -(-m // tm) * -(-n // tn) * -(-k // tk)
+    slots = ctx.stream_in_slots(
+        n_steps, m, lambda s: qmatmul_sram_bytes(op, (s, ctx.out_slots), ctx.align, with_zp)
+    )
     arena = ctx.arena()
-    a_ring = arena.ring(ctx.in_slots, tile_bytes(a_dt, tm, tk), "A tile")
-    w_ring = arena.ring(ctx.in_slots, tile_bytes(w_dt, tk, tn), "codes tile")
-    s_ring = arena.ring(ctx.in_slots, tile_bytes(s_dt, groups_t, tn), "scale tile")
+    a_ring = arena.ring(slots, tile_bytes(a_dt, tm, tk), "A tile")
+    w_ring = arena.ring(slots, tile_bytes(w_dt, tk, tn), "codes tile")
+    s_ring = arena.ring(slots, tile_bytes(s_dt, groups_t, tn), "scale tile")
     z_ring = (
-        arena.ring(ctx.in_slots, _zp_tile_bytes(w_dt, groups_t, tn, trans_b), "zero-point tile")
-        if with_zp
-        else None
+        arena.ring(slots, _zp_tile_bytes(w_dt, groups_t, tn, trans_b), "zero-point tile") if with_zp else None
     )
     o_ring = arena.ring(ctx.out_slots, tile_bytes(out_dt, tm, tn), "output tile")
     direct = out_dt == "f32"
@@ -159,7 +161,7 @@ def lower_matmul_w4a16(op: MatMulW4A16Op, ctx: LoweringContext) -> Kernel:
                     g += 1
                 r += 1
                 steps.append(step)
-    return ctx.kernel(steps, arena)
+    return ctx.kernel(steps, arena, slots)
 
 
 @register_lowering(DequantizeOp)

@@ -158,9 +158,25 @@ class LoweringContext:
             f"{op.describe()}: {what}", need, t.sram.size_bytes, "SRAM", "sram.size_bytes", f"target {t.name}"
         )
 
-    def kernel(self, steps: list[Step], arena: SramArena | None = None) -> Kernel:
-        """A Kernel with this context's slot counts; records the arena's region and peak as its SRAM use."""
+    def stream_in_slots(self, load_steps: int, rows: int, need: Callable[[int], int]) -> int:
+        """Input slots of a kernel with ``load_steps`` loading steps over ``rows`` rows, whose SRAM
+        is ``need(in_slots)`` bytes: ``in_slots``, or for a few-row kernel (at most the target's
+        ``mac.stream_max_rows``: its steps stream weights, the DRAM bound) with double buffering
+        whose every step can have a slot of its own within the budget and half the scratchpad,
+        one slot per step: all its weight tiles then load ahead of its computes, as far as the
+        kernels before it allow (the tiles, hence the bits, stay).  Not a deeper ring short of
+        that: a kernel spanning more SRAM waits longer for the kernels before it to free it, and
+        the load queue, in order, waits with it."""
+        n = self.in_slots
+        if not self.double_buffer or rows > self.target.mac.stream_max_rows or load_steps <= n:
+            return n
+        cap = min(self.sram_budget, int(self.target.sram.size_bytes) // 2)
+        return load_steps if need(load_steps) <= cap else n
+
+    def kernel(self, steps: list[Step], arena: SramArena | None = None, in_slots: int = 0) -> Kernel:
+        """A Kernel with this context's slot counts (``in_slots`` overrides the input slots);
+        records the arena's region and peak as its SRAM use."""
         used = arena.peak if arena is not None else 0
         base = arena.base if arena is not None else self.sram_base
         self.sram_peak = max(self.sram_peak, base + used)
-        return Kernel(steps, self.in_slots, self.out_slots, sram_bytes=used, sram_base=base)
+        return Kernel(steps, in_slots or self.in_slots, self.out_slots, sram_bytes=used, sram_base=base)

@@ -32,6 +32,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
+from mcpc.backend.inplace import fold_copies
 from mcpc.backend.memory import ALIAS_OPS, assign_offsets
 from mcpc.backend.schedule import Kernel, Step, footprint
 from mcpc.ir.ops import ConstantOp
@@ -203,13 +204,20 @@ def _step_rules(kernel: Kernel) -> dict[int, tuple[bool, bool]]:
 
 
 def forward(
-    kernels: list[Kernel], positions: list[int], plan: ResidentPlan, emitter: Any, regions: Any = ()
+    kernels: list[Kernel],
+    positions: list[int],
+    plan: ResidentPlan,
+    emitter: Any,
+    regions: Any = (),
+    in_place: bool = True,
 ) -> None:
     """Rewrite ``kernels`` (``positions[i]``: kernel i's op position) for the values of ``plan``
     (see the module doc; ``regions``: the persistent buffers' DRAM ranges, ``_dma_range``).
     Values whose stores cannot all be copied are dropped from the plan;
     the stores of a value that is not a function output and that no DMA reads any more are
-    left out (its step keeps its output-slot rank, ``Step.slot_out``)."""
+    left out (its step keeps its output-slot rank, ``Step.slot_out``).  With ``in_place`` the
+    copies are then folded into the computes that can address the resident buffers themselves
+    (``inplace.fold_copies``)."""
     if not plan.values:
         return
     index = _Index(plan.values)
@@ -264,15 +272,17 @@ def forward(
     index = _Index(plan.values)
     keep_store = {id(r) for r in plan.values if r.output or id(r) in read_from_dram}
     for kernel, pos in zip(kernels, positions, strict=True):
-        _rewrite(kernel, pos, index, copies, keep_store, plan, emitter, regions)
+        _rewrite(kernel, pos, index, copies, keep_store, plan, emitter, regions, in_place)
 
 
 def _rewrite(kernel: Kernel, pos: int, index: _Index, copies: dict, keep_store: set, plan: ResidentPlan,
-             emitter: Any, regions: Any) -> None:  # fmt: skip
+             emitter: Any, regions: Any, in_place: bool) -> None:  # fmt: skip
     """Apply the forwarded loads, store copies and left-out stores to one kernel (``copies``
     and the values of ``index`` were chosen under ``_step_rules``)."""
     own = kernel.instr_debug or {}
     new_debug: dict[int, dict] = {}
+    copy_in: list = []  # the copies of forwarded loads
+    copy_out: list = []  # the copies of stores left out
     steps = []
     for step in kernel.steps:
         loads, before, after, stores = [], [], [], []
@@ -282,6 +292,7 @@ def _rewrite(kernel: Kernel, pos: int, index: _Index, copies: dict, keep_store: 
                 continue
             copy = emitter.emit("vun", **copies[id(ld)])
             before.append(copy)
+            copy_in.append(copy)
             plan.forwarded_loads += 1
             if own.get(id(ld)) is not None:
                 new_debug[id(copy)] = own[id(ld)]
@@ -302,6 +313,7 @@ def _rewrite(kernel: Kernel, pos: int, index: _Index, copies: dict, keep_store: 
                 stores.append(st)
             else:
                 plan.left_out_stores += 1
+                copy_out.append(copy)
         if not (before or after):
             steps.append(step)
             continue
@@ -322,6 +334,8 @@ def _rewrite(kernel: Kernel, pos: int, index: _Index, copies: dict, keep_store: 
                  slot_out=s.slot_out and not orig.stores)
             for s, orig in zip(steps, kernel.steps, strict=True)
         ]  # fmt: skip
+    if in_place:
+        new_debug.update(fold_copies(steps, copy_in, copy_out, emitter, {**own, **new_debug}))
     kernel.steps = steps
     if new_debug:
         kernel.instr_debug = {**own, **new_debug}

@@ -195,3 +195,23 @@ def test_pass_option_turns_double_buffering_off_without_changing_bits():
     assert tile_on == tile_off and (db_on, db_off) == (True, False)
     assert off.profile["cycles"] > on.profile["cycles"]
     assert np.array_equal(on.outputs["y"].view(np.uint8), off.outputs["y"].view(np.uint8))
+
+
+def test_few_row_matmul_loads_all_its_tiles_ahead():
+    """A one-row matmul cut into 12 tiles whose slots all fit gets one input slot per step: no load
+    waits for a compute to hand its slot back, and the bits stay; with more rows, or a scratchpad
+    too small for all its tiles, it keeps two slots (the loads of step r + 2 wait for step r)."""
+    from mcpc.arch.isa import decode_program
+
+    def slot_waits(prog) -> int:
+        return sum(x.op == "load" and bool(x.wait) for x in decode_program(prog.text))
+
+    t = load_target("mcp2026-a100")
+    prog, _ = assert_bit_exact(matmul_module((1, 256), (256, 192), "f16", tile=(1, 64, 64)), t)
+    assert slot_waits(prog) == 0
+    rows = matmul_module((32, 256), (256, 192), "f16", tile=(32, 64, 64))  # beyond stream_max_rows
+    prog, _ = assert_bit_exact(rows, t)
+    assert slot_waits(prog) == 12 - 2
+    small = load_target("mcp2026-a100", ["sram.size_bytes=262144"])  # half of it holds 3 of 6 tiles
+    prog, _ = assert_bit_exact(matmul_module((1, 1024), (1024, 192), "f16", tile=(1, 192, 192)), small)
+    assert slot_waits(prog) == 6 - 2
