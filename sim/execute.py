@@ -109,6 +109,15 @@ def _get(s: np.ndarray, d: tuple) -> np.ndarray:
     return vals if col_step else np.broadcast_to(vals, (rows, cols))
 
 
+def _arg(s: np.ndarray, d: tuple) -> np.ndarray:
+    """``_get`` for an elementwise operand: a broadcast operand as its one row (1, cols) or one
+    column (rows, 1), which numpy broadcasts, so that widening it converts each value once."""
+    if d[6] is None and (d[3] == 0 or d[4] == 0):
+        shape = (1 if d[3] == 0 else d[1], 1 if d[4] == 0 else d[2])
+        return np.ndarray(shape, dtype=d[5], buffer=s, offset=d[0], strides=(d[3], d[4]))
+    return _get(s, d)
+
+
 def _put(s: np.ndarray, d: tuple, value: np.ndarray) -> None:
     """Write ``value`` (broadcastable to the operand's shape) through operand ``d``."""
     if d[6] is None:
@@ -220,20 +229,20 @@ def cached_matmul(args: tuple, slot_a: list | None, slot_b: list | None) -> tupl
 def _vbin(m: Machine, a: tuple) -> None:
     func, S0, S1, D, out = a
     s = m.sram
-    _put(s, D, binary(func, _get(s, S0), _get(s, S1), out))
+    _put(s, D, binary(func, _arg(s, S0), _arg(s, S1), out))
 
 
 def _vbini(m: Machine, a: tuple) -> None:
     func, S0, imm, rev, D, out = a
     s = m.sram
-    x = _get(s, S0)
+    x = _arg(s, S0)
     _put(s, D, binary(func, imm, x, out) if rev else binary(func, x, imm, out))
 
 
 def _vun(m: Machine, a: tuple) -> None:
     func, S, D, out = a
     s = m.sram
-    _put(s, D, unary(func, _get(s, S), out))
+    _put(s, D, unary(func, _arg(s, S), out))
 
 
 def _vred(m: Machine, a: tuple) -> None:
@@ -253,7 +262,7 @@ def _vtopk(m: Machine, a: tuple) -> None:
 def _vsel(m: Machine, a: tuple) -> None:
     Cd, S, D, dtype = a
     s = m.sram
-    _put(s, D, select(_get(s, Cd), _get(s, S), _get(s, D), dtype))
+    _put(s, D, select(_arg(s, Cd), _arg(s, S), _get(s, D), dtype))
 
 
 def _fill0(m: Machine, a: tuple) -> None:
