@@ -245,7 +245,10 @@ def _vbin(m: Machine, a: tuple) -> None:
     s = m.sram
     uf = _UFUNCS.get(func)
     if uf is not None and S0[5] in _NATIVE_FLOAT and D[5] in _NATIVE_FLOAT:
-        uf(_arg(s, S0), _arg(s, S1), out=view(s, *D[:6]), dtype=np.float32, casting="unsafe")
+        x, y = _arg(s, S0), _arg(s, S1)
+        if S0[5] != _F32:  # f16 operands widened whole: faster than a ufunc's buffered casts
+            x, y = x.astype(_F32), y.astype(_F32)
+        uf(x, y, out=view(s, *D[:6]), dtype=_F32, casting="unsafe")
         return
     _put(s, D, binary(func, _arg(s, S0), _arg(s, S1), out))
 
