@@ -85,6 +85,42 @@ def cast(x: np.ndarray, out: str) -> np.ndarray:
         return x.astype(target)
 
 
+# -- 8- and 16-bit float operands: one table per function ----------------------------------------
+# An elementwise function of one 8- or 16-bit operand (a ``unary`` function, or a ``binary`` one
+# whose other operand is a single value) takes at most 65 536 distinct inputs.  Above
+# ``_TABLE_MIN`` elements it is applied by looking each element's bits up in a table of the same
+# function evaluated once on every bit pattern of the dtype: the very values the direct
+# computation gives (it is elementwise, each element computed on its own, so its value does not
+# depend on the array around it), without widening the operand (f16 -> f32 conversions cost
+# ~2-3 ns per element in numpy, a lookup ~1) or evaluating an f64 special function per element.
+# Binary: the IEEE operations only, whose result is one correctly rounded value whatever code
+# path computes it (not max/min, whose choice between +0 and -0 may differ between numpy's
+# vectorised and scalar loops, nor pow).
+_TABLE_MIN = 4096
+_TABLE_BINARY = frozenset({"add", "sub", "mul", "div"})
+_TABLES: dict[tuple, np.ndarray] = {}
+_TABLES_MAX = 512  # at most 512 tables of 65 536 entries (up to 256 KiB each) are kept
+
+
+def _tabled(x: np.ndarray) -> bool:
+    """Whether ``x`` is applied a function through a table: a large array of an 8/16-bit float."""
+    return x.size >= _TABLE_MIN and x.dtype.itemsize <= 2 and x.dtype in _FLOAT_NP
+
+
+def _by_table(key: tuple, x: np.ndarray, fn) -> np.ndarray:
+    """``fn(x)`` for an elementwise ``fn``: ``fn`` of every bit pattern of ``x.dtype``, indexed by
+    the bits of ``x`` (the table is computed on first use and kept under ``key``)."""
+    bits = np.dtype(f"u{x.dtype.itemsize}")
+    table = _TABLES.get(key)
+    if table is None:
+        every = np.arange(1 << (8 * x.dtype.itemsize), dtype=bits).view(x.dtype)
+        table = np.ascontiguousarray(fn(every))
+        if len(_TABLES) >= _TABLES_MAX:
+            _TABLES.pop(next(iter(_TABLES)))
+        _TABLES[key] = table
+    return table.take(x.view(bits))
+
+
 # -- elementwise ---------------------------------------------------------------------------------
 _BINARY = {
     "add": np.add,
@@ -105,6 +141,18 @@ COMPARISONS = frozenset({"eq", "lt", "gt"})
 
 def binary(func: str, a: np.ndarray, b: np.ndarray, out: str) -> np.ndarray:
     """``a FUNC b`` with numpy broadcasting, computed in the compute dtype, stored as ``out``."""
+    if func in _TABLE_BINARY:
+        a, b = np.asarray(a), np.asarray(b)
+        if b.size == 1 and b.ndim <= a.ndim and _tabled(a):
+            key = ("binary", func, False, b.dtype.str, b.tobytes(), a.dtype.str, out)
+            return _by_table(key, a, lambda every: _binary(func, every, b, out))
+        if a.size == 1 and a.ndim <= b.ndim and _tabled(b):
+            key = ("binary", func, True, a.dtype.str, a.tobytes(), b.dtype.str, out)
+            return _by_table(key, b, lambda every: _binary(func, a, every, out))
+    return _binary(func, a, b, out)
+
+
+def _binary(func: str, a: np.ndarray, b: np.ndarray, out: str) -> np.ndarray:
     wa, wb = widen(a), widen(b)
     with np.errstate(all="ignore"):
         if func == "div":
@@ -184,6 +232,14 @@ SPECIAL_FUNCTIONS = frozenset(_UNARY_F64)
 
 def unary(func: str, x: np.ndarray, out: str) -> np.ndarray:
     """Elementwise function of ``x`` stored as ``out``.  ``copy`` with a new dtype is a cast."""
+    x = np.asarray(x)
+    # a plain widening copy is no faster through a table (numpy's astype is as quick as a lookup)
+    if _tabled(x) and (func != "copy" or NUMPY_DTYPES[out].itemsize < 4 and x.dtype != NUMPY_DTYPES[out]):
+        return _by_table(("unary", func, x.dtype.str, out), x, lambda every: _unary(func, every, out))
+    return _unary(func, x, out)
+
+
+def _unary(func: str, x: np.ndarray, out: str) -> np.ndarray:
     if func == "copy":
         return cast(np.asarray(x, order="C"), out)
     x = np.asarray(x)

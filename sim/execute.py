@@ -155,6 +155,23 @@ def _get(s: np.ndarray, d: tuple) -> np.ndarray:
     return vals if col_step else np.broadcast_to(vals, (rows, cols))
 
 
+# Elementwise results between the floats numpy converts itself (f16, f32; round half to even) are
+# written straight into the destination: numerics.binary's f32 arithmetic and numerics.cast's
+# rounding, without temporaries (numpy handles a destination overlapping a source).
+_F32 = np.dtype(np.float32)
+_NATIVE_FLOAT = frozenset({np.dtype(np.float16), _F32})
+_UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+
+
+def _arg(s: np.ndarray, d: tuple) -> np.ndarray:
+    """``_get`` for an elementwise operand: a broadcast operand as its one row (1, cols) or one
+    column (rows, 1), which numpy broadcasts, so that widening it converts each value once."""
+    if d[6] is None and (d[3] == 0 or d[4] == 0):
+        shape = (1 if d[3] == 0 else d[1], 1 if d[4] == 0 else d[2])
+        return np.ndarray(shape, dtype=d[5], buffer=s, offset=d[0], strides=(d[3], d[4]))
+    return _get(s, d)
+
+
 def _put(s: np.ndarray, d: tuple, value: np.ndarray) -> None:
     """Write ``value`` (broadcastable to the operand's shape) through operand ``d``."""
     if d[6] is None:
@@ -171,7 +188,10 @@ def _matmul(m: Machine, a: tuple) -> None:
     b = _get(s, B)
     part = matmul_tile(_get(s, A), b.T if trans_b else b)
     c = view(s, *C[:6])
-    c[...] = (c + part) if acc else part  # f32 accumulation, exactly numerics.matmul_2d's `c += part`
+    if acc:  # f32 accumulation, exactly numerics.matmul_2d's `c += part`
+        np.add(c, part, out=c)
+    else:
+        c[...] = part
 
 
 def _matmul_cached(m: Machine, a: tuple) -> None:
@@ -189,7 +209,10 @@ def _matmul_cached(m: Machine, a: tuple) -> None:
         wb = _prepared(tile_operand(b.T if trans_b else b, in_f64), slot_b, s)
     part = matmul_prepared(wa, wb, in_f64)
     c = view(s, *C[:6])
-    c[...] = (c + part) if acc else part
+    if acc:
+        np.add(c, part, out=c)
+    else:
+        c[...] = part
 
 
 def _qparam_tile(m: Machine, what: str, addr: int, rows: int, cols: int, dtype: str) -> np.ndarray:
@@ -266,20 +289,35 @@ def cached_matmul(args: tuple, slot_a: list | None, slot_b: list | None) -> tupl
 def _vbin(m: Machine, a: tuple) -> None:
     func, S0, S1, D, out = a
     s = m.sram
-    _put(s, D, binary(func, _get(s, S0), _get(s, S1), out))
+    uf = _UFUNCS.get(func)
+    if uf is not None and S0[5] in _NATIVE_FLOAT and D[5] in _NATIVE_FLOAT:
+        x, y = _arg(s, S0), _arg(s, S1)
+        if S0[5] != _F32:  # f16 operands widened whole: faster than a ufunc's buffered casts
+            x, y = x.astype(_F32), y.astype(_F32)
+        uf(x, y, out=view(s, *D[:6]), dtype=_F32, casting="unsafe")
+        return
+    _put(s, D, binary(func, _arg(s, S0), _arg(s, S1), out))
 
 
 def _vbini(m: Machine, a: tuple) -> None:
     func, S0, imm, rev, D, out = a
     s = m.sram
-    x = _get(s, S0)
+    x = _arg(s, S0)
+    uf = _UFUNCS.get(func)
+    if uf is not None and S0[5] == _F32 and D[5] in _NATIVE_FLOAT:  # (f16 goes through a table)
+        uf(*((imm, x) if rev else (x, imm)), out=view(s, *D[:6]), dtype=np.float32, casting="unsafe")
+        return
     _put(s, D, binary(func, imm, x, out) if rev else binary(func, x, imm, out))
 
 
 def _vun(m: Machine, a: tuple) -> None:
     func, S, D, out = a
     s = m.sram
-    _put(s, D, unary(func, _get(s, S), out))
+    if func == "copy" and S[6] is None and D[6] is None:
+        if S[5] == D[5] or S[5] in _NATIVE_FLOAT and D[5] in _NATIVE_FLOAT:
+            np.copyto(view(s, *D[:6]), _arg(s, S), casting="unsafe")
+            return
+    _put(s, D, unary(func, _arg(s, S), out))
 
 
 def _vred(m: Machine, a: tuple) -> None:
@@ -299,7 +337,7 @@ def _vtopk(m: Machine, a: tuple) -> None:
 def _vsel(m: Machine, a: tuple) -> None:
     Cd, S, D, dtype = a
     s = m.sram
-    _put(s, D, select(_get(s, Cd), _get(s, S), _get(s, D), dtype))
+    _put(s, D, select(_arg(s, Cd), _arg(s, S), _get(s, D), dtype))
 
 
 def _fill0(m: Machine, a: tuple) -> None:

@@ -178,3 +178,59 @@ def test_special_functions_round_once_from_f64():
     x = np.linspace(-4, 4, 101, dtype=np.float32)
     assert nx.unary("exp", x, "f32").tobytes() == np.exp(x.astype(np.float64)).astype(np.float32).tobytes()
     assert nx.unary("gelu", x, "f16").dtype == np.float16
+
+
+# -- 8/16-bit operands through tables: the values of the direct computation ----------------------
+_UNARY_FUNCS = sorted(nx.SPECIAL_FUNCTIONS | {"neg", "abs", "floor", "round", "relu", "copy"})
+
+
+def _every(name):
+    return np.arange(1 << NARROW[name], dtype=UINT[NARROW[name]]).view(nx.np_dtype(name))
+
+
+def _same_bits(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("name", ["f16", "bf16", "f8e4m3fn"])
+@pytest.mark.parametrize("func", _UNARY_FUNCS)
+def test_unary_table_equals_direct_computation(name, func):
+    # every bit pattern, shuffled and in a strided 2-D view: if the direct computation depended on
+    # an element's position (a vectorised loop and a scalar tail disagreeing), this would differ
+    rng = np.random.default_rng(0)
+    every = _every(name)
+    vals = np.resize(rng.permutation(every), max(every.size, 2 * nx._TABLE_MIN)).reshape(16, -1)
+    buf = np.zeros((16, 2 * vals.shape[1] + 1), every.dtype)
+    buf[:, 1::2] = vals
+    x = buf[:, 1::2]  # a strided view of every value
+    assert x.size >= nx._TABLE_MIN
+    for out in ("f32", "f16", name):
+        got = nx.unary(func, x, out)
+        assert _same_bits(got, nx._unary(func, np.ascontiguousarray(x), out)), (func, name, out)
+        assert _same_bits(got, np.stack([nx._unary(func, row, out) for row in x])), (func, name, out)
+
+
+@pytest.mark.parametrize("name", ["f16", "bf16"])
+@pytest.mark.parametrize("func", sorted(nx._TABLE_BINARY))
+def test_binary_with_one_value_table_equals_direct_computation(name, func):
+    rng = np.random.default_rng(1)
+    x = rng.permutation(_every(name)).reshape(256, 256)[:, 1:]
+    for value in (0.7071, -3.0, 0.0, 65504.0, float("inf"), float("nan")):
+        v = nx.cast(np.asarray(np.float32(value)), name)
+        for out in ("f16", "f32"):
+            assert _same_bits(nx.binary(func, x, v, out), nx._binary(func, x, v, out)), (func, value)
+            assert _same_bits(nx.binary(func, v, x, out), nx._binary(func, v, x, out)), (func, value)
+            col = v.reshape(1, 1)  # a one-element operand of the same rank (a broadcast column)
+            assert _same_bits(nx.binary(func, x, col, out), nx._binary(func, x, col, out)), (func, value)
+
+
+def test_tables_are_bounded_and_reused():
+    x = np.ones((64, 128), np.float16)
+    nx.unary("exp", x, "f32")
+    key = ("unary", "exp", x.dtype.str, "f32")
+    table = nx._TABLES[key]
+    nx.unary("exp", x, "f32")
+    assert nx._TABLES[key] is table and len(nx._TABLES) <= nx._TABLES_MAX
+    small = np.ones(nx._TABLE_MIN - 1, np.float16)
+    assert not nx._tabled(small) and nx._tabled(np.ones(nx._TABLE_MIN, np.float16))
+    assert not nx._tabled(np.ones(nx._TABLE_MIN, np.float32))
