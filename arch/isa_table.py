@@ -85,6 +85,8 @@ ADDRESS_FIELDS = frozenset(
         "idx",
         "zp_ptr",
         "scale_ptr",
+        "kv",
+        "win",
     }
 )
 
@@ -155,6 +157,14 @@ FIELD_DOCS: dict[str, str] = {
     "w_dtype": "dtype of the weight codes (i4/u4 packed two per byte, i8, u8)",
     "s_dtype": "dtype of the weight scales (f16, bf16 or f32)",
     "q_dtype": "dtype A is quantized to on the fly (i4 for vmmul.q4f8; i8 or u8 for matmul_i8)",
+    "kv_dtype": "dtype of K and V",
+    "kv": "SRAM byte address of K (kv_rows x head_dim); V follows at kv + kv_rows·head_dim·size(kv_dtype)",
+    "win": "SRAM byte address of the window table: E i32 starts, then E i32 lengths (E = rows / share)",
+    "kv_rows": "rows of K and of V in SRAM (the capacity)",
+    "kv_reg": "scalar register holding the K/V rows in use, clamped to [0, kv_rows] (0 = `kv_rows`)",
+    "head_dim": "elements per row of Q, K, V and the result",
+    "share": "row groups sharing the window table: row i uses entry i mod (rows / share) (0 = 1)",
+    "scale": "float32 factor applied to the scores q·k",
 }
 
 
@@ -178,7 +188,9 @@ class InstrSpec:
     traffic; ``access(fields)`` lists its memory and register accesses (``Access``); ``twin`` names
     the kernel of ``mcpc.arch.numerics`` and the IR ops the interpreter runs with it; ``extent`` is
     ``(count field, register field)`` when a register can set the count at run time; ``nonzero``
-    fields must not be 0 (``setr r0``); ``semantics`` is the reference text of docs/isa.md.
+    fields must not be 0 (``setr r0``); ``data_cost`` marks an instruction whose cost depends on
+    the values it reads (costed at execution, its handler's last argument holding the cost of its
+    last execution); ``semantics`` is the reference text of docs/isa.md.
     """
 
     mnemonic: str
@@ -193,6 +205,7 @@ class InstrSpec:
     twin: str = ""
     extent: tuple[str, str] | None = None
     nonzero: tuple[str, ...] = ()
+    data_cost: bool = False
     semantics: str = ""
 
     @property
@@ -281,6 +294,26 @@ def _access_gather(f: Mapping[str, Any]) -> list[Access]:
     idx = _sram(f["sram_idx"], 1, f["count"], 0, 4)
     dst = ("sram", f["sram"], f["count"], f["row_bytes"], f["sram_stride"], 1, True, 0)
     return [*_regs(f, "dram_reg", "count_reg"), idx, table, dst]
+
+
+def _access_scatter(f: Mapping[str, Any]) -> list[Access]:
+    table = ("dram", f["dram"], max(f["limit"], 1), f["row_bytes"], f["dram_stride"], 1, True, f["dram_reg"])
+    idx = _sram(f["sram_idx"], 1, f["count"], 0, 4)
+    src = ("sram", f["sram"], f["count"], f["row_bytes"], f["sram_stride"], 1, False, 0)
+    return [*_regs(f, "dram_reg", "count_reg"), idx, src, table]
+
+
+def _access_vattn(f: Mapping[str, Any]) -> list[Access]:
+    rows, d, n = f["rows"], f["head_dim"], f["kv_rows"]
+    sq, skv = _size(f["in_dtype"]), _size(f["kv_dtype"])
+    entries = rows // max(f["share"], 1)
+    return [
+        *_regs(f, "kv_reg"),
+        _sram(f["src"], rows, d, d, sq),
+        _sram(f["kv"], 2 * n, d, d, skv),  # K, then V right after it
+        _sram(f["win"], 1, 2 * entries, 0, 4),
+        _sram(f["dst"], rows, d, d, sq, True),
+    ]
 
 
 def _access_matmul(f: Mapping[str, Any]) -> list[Access]:
@@ -576,6 +609,41 @@ _SPECS: list[InstrSpec] = [
           twin="numerics.matmul_qa_tile (mcp.matmul_qa with i8/u8 activations and i8/i4 codes)",
           semantics=_QA_SEMANTICS + " matmul_i8 requires `q_dtype` i8 or u8 and `w_dtype` i8 or i4 "
           "(packed): the int8 layers and imported int8 QDQ models (ONNX Runtime quantize_static)."),
+    _spec("scatter", 24, ST,
+          "dram u40, sram_idx u32, count u20, row_bytes u24, dram_stride u32, sram u32, sram_stride u24, "
+          "limit u24, dram_reg u4, count_reg u4",
+          "Indexed DMA out, the mirror of `gather`: SRAM row i goes to table row idx[i] (idx i32 in SRAM).",
+          execute="compile_dma", cost="dma_cost", access=_access_scatter, extent=("count", "count_reg"),
+          twin="the row writes of mcp.kv_store (one scatter per KV head)",
+          semantics="For i in 0..C-1 in order (C = `count`, or the run-time extent): idx = the i32 at "
+          "`SRAM[sram_idx + 4i]`; any idx outside [0, limit) traps before a byte is written; "
+          "`DRAM[dram + r[dram_reg] + idx·dram_stride : +row_bytes] = SRAM[sram + i·sram_stride : "
+          "+row_bytes]` (a repeated index keeps the last row). Writes new K/V rows to the slots a host "
+          "KV manager chose in a paged cache; the hazard checker counts it as writing its whole table "
+          "(the persistent buffer holding it)."),
+    _spec("vattn", 25, EX,
+          "in_dtype dtype, kv_dtype dtype, dst u32, src u32, kv u32, win u32, rows u20, head_dim u16, "
+          "kv_rows u20, share u8, kv_reg u4, scale f32",
+          "Attention of query rows over K/V in SRAM, each row over its own window read from SRAM.",
+          execute="compile_vattn", cost="vattn_cost", access=_access_vattn, data_cost=True,
+          twin="numerics.attention_rows (mcp.paged_attention, one vattn per KV head)",
+          semantics="Q (rows x head_dim, `in_dtype`) at `src`; K (kv_rows x head_dim, `kv_dtype`) at "
+          "`kv`, V right after it; the window table at `win` holds E = rows / `share` i32 starts, then E "
+          "i32 lengths, and query row i attends K/V rows [start, start + len) of entry i mod E (so the "
+          "query heads sharing one KV head share one table). With N = the K/V rows in use (r[kv_reg] "
+          "clamped to [0, kv_rows], or `kv_rows` when `kv_reg` = 0), a window with start < 0, len < 0 "
+          "or start + len > N traps (rows past N hold no data of this call). dst (rows x head_dim, "
+          "`in_dtype`) = `numerics.attention_rows`(Q, K, V, starts, lens, `scale`): per row s = q·Kᵀ "
+          "(f32), s ·= scale, e = exp(s − max s), p = e / Σe, o = p·V (f32), rounded once; len 0 gives "
+          "zeros. A fused instruction because the softmax runs along the context axis, whose length "
+          "is known only at run time and differs per row: a run-time row count (`rows_reg`, `m_reg`) "
+          "shrinks the rows of an operation, but a reduction over a run-time number of columns (the "
+          "max and the sum of the softmax, the K dimension of p·V) has no such field, and padding the "
+          "scores to the reservation would charge the work of `--max-seq` on every step. The cost is "
+          "computed at execution from the lengths read (as a run-time extent's): per window entry the "
+          "array work of a share x len x head_dim and a share x head_dim x len product (K and V "
+          "ingested once for the rows sharing them), plus exp of share·Σlen scores on the SFU lanes and "
+          "four f32 vector passes over them (scale, max, subtract, sum and divide)."),
 ]  # fmt: skip
 
 ISA: dict[str, InstrSpec] = {s.mnemonic: s for s in _SPECS}

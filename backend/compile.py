@@ -59,7 +59,8 @@ class BackendOptions:
     ``precision`` overrides what META records (default: ``module.attrs["precision"]``); the check
     tolerances (``max_norm_err``, ``min_cosine``, ``min_top1``, ``rtol``, ``atol``; mcpc.check)
     that are set replace the precision's defaults;
-    ``passes`` and ``source_model`` are recorded in META as given."""
+    ``passes`` and ``source_model`` are recorded in META as given, and ``decoder`` (a decoder
+    build's descriptor) as META["decoder"]."""
 
     double_buffer: bool | None = None
     prefetch: bool | None = None
@@ -73,6 +74,7 @@ class BackendOptions:
     atol: float | None = None
     passes: tuple[str, ...] = ()
     source_model: str | None = None
+    decoder: dict | None = None  # META["decoder"] of a decoder build (ir/decoder_import.py)
 
     @classmethod
     def coerce(cls, options: BackendOptions | Mapping[str, Any] | None) -> BackendOptions:
@@ -154,6 +156,7 @@ def compile_to_program(
     if keep is None:
         keep = bool(module.attrs.get("keep_in_sram", True))
     ctx = LoweringContext(target, em, double_buffer, plan.placements, plan.constants, globals=plan.globals)
+    ctx.global_types = {g.name: g.type for g in getattr(module, "globals", {}).values()}
     text: list[Instr] = []
     debug: list[dict] = []
     entries, io = [], {}
@@ -194,6 +197,8 @@ def compile_to_program(
         "fuse_epilogue": fuse,
         "keep_in_sram": keep,
     }
+    if opts.decoder is not None:
+        meta["decoder"] = dict(opts.decoder)
     memory_map = {
         "dram_size": plan.size,
         "regions": plan.regions,

@@ -75,6 +75,8 @@ def replay_tokens(instrs: Sequence[Instr]) -> list[tuple[int, int, int]]:
 # Memories of a footprint.  "reg" are the scalar registers (lo = register number), "qparam" the
 # QParam group; both are state the engines share, ordered by tokens like SRAM and DRAM bytes.
 MEMORIES = ("sram", "dram", "reg", "qparam")
+# Indexed DMA: its DRAM side is a table whose rows the indices (data) pick.
+INDEXED = frozenset({"gather", "scatter"})
 # A DRAM access offset by a register whose value is not known statically may touch any byte.
 DRAM_ANY = (0, 1 << 62)
 
@@ -100,6 +102,8 @@ def footprint(
     ranges whose register-offset accesses are known to stay inside them: the persistent
     buffers, ``ir/state.py`` proves it) that holds its base address, else all of DRAM.  So a
     register-offset access conflicts with every access to its region, and nothing outside it.
+    Likewise the table of a ``gather`` or ``scatter`` that lies in a region of ``regions`` (a
+    paged KV cache) covers the whole region.
     Raises ScheduleError for a mnemonic without an
     access description, so that the race check cannot pass by silently ignoring an access.
     """
@@ -112,6 +116,10 @@ def footprint(
             out.append((mem, base, base + 1, write))
             continue
         lo, hi = _span(base, rows, cols, stride, size)
+        if mem == "dram" and instr.op in INDEXED and not reg:
+            # the rows an index picks are data: a table in a persistent buffer counts as all of it
+            home = next((r for r in regions or () if r[0] <= lo < r[1]), None)
+            lo, hi = home if home is not None and hi > lo else (lo, hi)
         if reg:
             value = None if regs is None else regs[reg]
             if value is None:

@@ -6,7 +6,9 @@ state ops need gets a register of its own, written once by the function's *regis
 the first kernel of the entry (``Kernel(sets_registers=True)``, see ``schedule``): ``salu`` for
 ``mcp.scalar`` (the instruction's exact semantics), ``setr`` for a constant offset, and one
 ``salu mul`` per distinct (offset, row size) of the global accesses turning the row offset into
-a byte offset (the K and V stores of every layer at one position share one).  No register is
+a byte offset (the K and V stores of every layer at one position share one), and one ``salu mul``
+per block count of ``mcp.paged_attention`` giving the K/V rows in use (its ``vattn``'s ``kv_reg``;
+the gathers read the block count's register itself as ``count_reg``, ``backend/lower_kv.py``).  No register is
 written twice in an entry, so a DMA reading one needs only to follow the register kernel.
 Registers are not reused: an entry needing more than r15 is refused (UnsupportedError).
 
@@ -70,6 +72,7 @@ def register_kernel(module: Any, fn: Any, ctx: LoweringContext) -> Kernel | None
     debug: dict[int, dict] = {}
     reg_of: dict[Any, int] = {}
     byte_offset: dict[tuple[int, int], int] = {}  # (offset register, row bytes) -> its register
+    kv_rows: dict[tuple[int, int], int] = {}  # (block count register, block size) -> rows register
 
     def take(op: Any) -> int:
         r = next(free, None)
@@ -102,7 +105,8 @@ def register_kernel(module: Any, fn: Any, ctx: LoweringContext) -> Kernel | None
         if isinstance(op, (ops.HostRegOp, ops.ScalarOp)):
             for user in uses.get(op.result, []):
                 offset = (
-                    isinstance(user, (ops.GlobalLoadOp, ops.GlobalStoreOp)) and user.operands[-1] is op.result
+                    isinstance(user, (ops.GlobalLoadOp, ops.GlobalStoreOp, ops.PagedAttentionOp))
+                    and user.operands[-1] is op.result
                 )
                 if not (isinstance(user, ops.ScalarOp) or offset):
                     raise UnsupportedError(
@@ -132,6 +136,14 @@ def register_kernel(module: Any, fn: Any, ctx: LoweringContext) -> Kernel | None
                 r = byte_offset[(rs1, row_bytes)] = take(op)
                 emit(op, "salu", func="mul", rd=r, rs1=rs1, rs2=0, simm=row_bytes)
             ctx.registers[op] = r
+        elif isinstance(op, ops.PagedAttentionOp):
+            blocks = register(op.operands[-1], op)
+            block = int(op.attrs["block_size"])
+            r = kv_rows.get((blocks, block))
+            if r is None:  # the K/V rows in use (vattn's kv_reg): one per block count, shared by layers
+                r = kv_rows[(blocks, block)] = take(op)
+                emit(op, "salu", func="mul", rd=r, rs1=blocks, rs2=0, simm=block)
+            ctx.registers[op] = (blocks, r)
     if not computes:
         return None
     return Kernel(

@@ -38,6 +38,7 @@ LOWERING_MODULES: tuple[str, ...] = (
     "mcpc.backend.lower_shape",
     "mcpc.backend.lower_nn",
     "mcpc.backend.lower_state",
+    "mcpc.backend.lower_kv",
 )
 
 
@@ -77,8 +78,10 @@ class LoweringContext:
 
     ``placements`` maps each IR value to its DRAM byte address (filled by ``memory.plan_dram``);
     ``constants`` maps values defined by ``mcp.constant`` (and reshapes of them) to their arrays.
-    ``globals`` maps each module global to its DRAM address, ``registers`` each global access op
-    to the register holding its byte offset (``lower_state.register_kernel``).
+    ``globals`` maps each module global to its DRAM address (``global_types`` to its type),
+    ``registers`` each global access op to the register holding its byte offset, and each
+    ``mcp.paged_attention`` to its (block count, K/V rows in use) registers
+    (``lower_state.register_kernel``).
     ``sram_base`` / ``sram_budget`` are the SRAM region the op's kernels may use (the compile
     driver moves it so that consecutive kernels can live in disjoint regions, see
     ``compile.py``); lowerings must allocate SRAM only through ``arena()``.
@@ -95,6 +98,7 @@ class LoweringContext:
     sram_peak: int = 0
     sram_base: int = 0
     globals: dict[str, int] = field(default_factory=dict)  # persistent buffer -> DRAM address
+    global_types: dict[str, Any] = field(default_factory=dict)  # persistent buffer -> its TensorType
     registers: dict[Any, int] = field(default_factory=dict)  # global access op -> byte-offset register
 
     def __post_init__(self) -> None:

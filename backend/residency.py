@@ -165,6 +165,9 @@ def _dma_range(instr: Any, regions: Any = ()) -> tuple[int, int]:
     of DRAM, as when a register sets its row count; such a DMA is never turned into a copy, and a
     store of it that may touch a value kept in SRAM keeps that value in DRAM."""
     f = instr.fields
+    if instr.op not in ("load", "store"):  # gather / scatter: the table (its region when persistent)
+        spans = [(lo, hi) for mem, lo, hi, _ in footprint(instr, None, regions) if mem == "dram"]
+        return spans[0] if spans else (0, 0)
     if f.get("rows_reg"):
         return (0, 1 << 62)
     if f.get("dram_reg"):

@@ -19,7 +19,8 @@ Contract for lowerings (the scheduler relies on it, ``check_hazards`` verifies i
   spans several steps).
 * If a kernel has stores, its last step has stores (nothing may run after the result leaves).
 * Scalar registers: only a *register kernel* (``Kernel(sets_registers=True)``: computes only,
-  ``setr``/``salu``) writes them, and a kernel reads one only through a load/store ``dram_reg``
+  ``setr``/``salu``) writes them, and a kernel reads one only through a DMA's ``dram_reg`` (a
+  gather's or scatter's ``count_reg``, a ``vattn``'s ``kv_reg``)
   written by a register kernel scheduled before it and never written again in the stream (the
   compile driver emits one such kernel first in each entry).  A register kernel counts as
   touching all of SRAM, so the first load after it waits for its end (below); every later
@@ -95,7 +96,14 @@ __all__ = [
 
 _NOP = Instr("nop", {})
 # Fields naming a scalar register (a write for setr/salu, a read otherwise).
-_REGISTER_FIELDS = ("reg", "rd", "rs1", "rs2", "dram_reg", "rows_reg", "count_reg", "m_reg")
+_REGISTER_FIELDS = ("reg", "rd", "rs1", "rs2", "dram_reg", "rows_reg", "count_reg", "m_reg", "kv_reg")
+# The register fields a kernel's instruction may read (registers the register kernel wrote before
+# it, or host registers, which nothing in the stream writes): DMA offsets and counts, and vattn's
+# rows in use (the EX queue runs it after the register kernel).
+_REGISTER_READS = {
+    "load": ("dram_reg",), "store": ("dram_reg",), "gather": ("dram_reg", "count_reg"),
+    "scatter": ("dram_reg", "count_reg"), "vattn": ("kv_reg",),
+}  # fmt: skip
 
 
 @dataclass
@@ -161,9 +169,8 @@ class Kernel:
                     if instr.engine != engine:
                         name = ENGINES[engine]
                         raise ValueError(f"step {i}: {instr.op} is not a {name} instruction ({what})")
-                    regs = [n for n in _REGISTER_FIELDS if instr.fields.get(n) and n != "dram_reg"]
-                    if instr.fields.get("dram_reg") and instr.op not in ("load", "store"):
-                        regs.append("dram_reg")
+                    ok = _REGISTER_READS.get(instr.op, ())
+                    regs = [n for n in _REGISTER_FIELDS if instr.fields.get(n) and n not in ok]
                     if regs:
                         raise ValueError(
                             f"step {i}: {instr.op} uses scalar registers ({', '.join(regs)}), which the "

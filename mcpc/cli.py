@@ -146,9 +146,39 @@ def _parse_sets(ctx, param, items) -> list[str]:
     metavar="FILE.npz|DIR",
     help="Calibration data for a quantizing config (arrays named like the inputs, batch axis leading).",
 )
+@click.option(
+    "--max-seq",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Decoder build: the graph with past becomes entries prefill + decode over a paged KV cache "
+    "(N: the longest sequence a request may reach).",
+)
+@click.option(
+    "--max-batch",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="B",
+    help="Decoder build: sequences per call (default 1; --dim batch=B is a synonym).",
+)
+@click.option(
+    "--kv-blocks",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="NB",
+    help="Decoder build: 64-token KV cache blocks (default B * ceil(N / 64)).",
+)
+@click.option(
+    "--prefill-chunk",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="C",
+    help="Decoder build: tokens per sequence a prefill call takes (default min(64, N)).",
+)
 @click.version_option(__version__)
 def compile_command(model, target, qat_config, output, shapes, dims, passes, print_pipeline,
-                    print_ir_after_all, time_passes, emit, overrides, report_json, calib):  # fmt: skip
+                    print_ir_after_all, time_passes, emit, overrides, report_json, calib, max_seq,
+                    max_batch, kv_blocks, prefill_chunk):  # fmt: skip
     """Compile an ONNX model for the MCP 2026 NPU."""
     from mcpc import driver
     from mcpc.passes import format_pipeline
@@ -163,6 +193,7 @@ def compile_command(model, target, qat_config, output, shapes, dims, passes, pri
         raise click.BadParameter("'-' (stdout) is only for --emit ir or --emit asm", param_hint="'-o'")
     if output is None:
         output = driver.default_output(model, emit)
+    decoder, dims = _decoder_build(max_seq, max_batch, kv_blocks, prefill_chunk, dims)
     result = driver.compile(
         model,
         target=target,
@@ -176,6 +207,7 @@ def compile_command(model, target, qat_config, output, shapes, dims, passes, pri
         print_ir_after_all=sys.stderr if print_ir_after_all else None,
         time_passes=time_passes,
         calib=calib,
+        decoder=decoder,
     )
     if time_passes:
         result.pass_manager.print_timings(sys.stderr)
@@ -191,6 +223,40 @@ def compile_command(model, target, qat_config, output, shapes, dims, passes, pri
         _print_summary(result)
 
 
+def _decoder_build(max_seq, max_batch, kv_blocks, prefill_chunk, dims):
+    """The ``DecoderBuild`` of the --max-seq options (None without --max-seq) and the dims left."""
+    if max_seq is None:
+        given = [f"--{k}" for k, v in (("max-batch", max_batch), ("kv-blocks", kv_blocks),
+                                         ("prefill-chunk", prefill_chunk)) if v is not None]  # fmt: skip
+        if given:
+            raise click.UsageError(f"{given[0]} is an option of a decoder build: give --max-seq N too")
+        return None, dims
+    from mcpc.ir.decoder_import import DecoderBuild
+
+    dims = dict(dims or {})
+    batch = dims.pop("batch", None)
+    if batch is not None and max_batch is not None and batch != max_batch:
+        raise click.UsageError(f"--dim batch={batch} and --max-batch {max_batch} disagree (synonyms)")
+    batch = max_batch if max_batch is not None else batch
+    build = DecoderBuild(max_seq, batch or 1, kv_blocks, prefill_chunk)
+    return build, dims or None
+
+
+def _decoder_line(report) -> str:
+    d = report["decoder"]
+    line = (
+        f"decoder: prefill {d['max_batch']}x{d['prefill_chunk']} + decode {d['max_batch']}x1 rows, "
+        f"{d['layers']} layers, KV cache {d['kv_blocks']} blocks of {d['block']} tokens in {d['kv_dtype']}"
+    )
+    checks = report.get("decoder_check") or []
+    for check, what in zip(checks, ("imported", "built"), strict=False):
+        err = check["errors"].get("logits", 0.0)
+        line += f"; self-check {what}: logits error {err:.2g} (bound {check['max_norm_err']:g})"
+        if not check.get("within_tolerance", True):
+            line += " EXCEEDED: the quantization's accuracy cost"
+    return line
+
+
 def _print_summary(result) -> None:
     report = result.report
     ops = report["ir_ops"]
@@ -204,6 +270,8 @@ def _print_summary(result) -> None:
     from rich.text import Text
 
     _stdout_console().print(Text(line))
+    if report.get("decoder"):
+        _stdout_console().print(Text(_decoder_line(report)))
     from mcpc.quant_report import summary_lines
 
     for text in summary_lines(report):

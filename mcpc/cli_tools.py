@@ -142,6 +142,10 @@ def inspect_command(program):
     console.print(f"{program}: target {prog.target_name} (sha256 {prog.target_digest[:16]}...)")
     meta = prog.meta or {}
     console.print(", ".join(f"{k}: {meta[k]}" for k in sorted(meta) if not isinstance(meta[k], (dict, list))))
+    if isinstance(meta.get("decoder"), dict):  # a --max-seq build (docs/decoding.md)
+        console.print(
+            "decoder: " + ", ".join(f"{k}: {v}" for k, v in meta["decoder"].items()), soft_wrap=True
+        )
     sections = Table(title="sections", title_justify="left")
     for column in ("tag", "offset", "bytes", "crc32"):
         sections.add_column(column, justify="left" if column == "tag" else "right")

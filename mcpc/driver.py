@@ -161,6 +161,7 @@ def compile(  # noqa: A001 - the public API name (mcpc.compile) is part of the s
     time_passes: bool = False,
     calib: str | Path | None = None,
     notes: dict | None = None,
+    decoder=None,
 ) -> CompileResult:
     """Compile ``model`` (an ONNX path or an already imported ``Module``, which is modified in
     place) for ``target`` with ``qat_config``; write ``output`` when given.
@@ -171,6 +172,12 @@ def compile(  # noqa: A001 - the public API name (mcpc.compile) is part of the s
     lists the target, config, pipeline, per-pass times, the MatMul/Gemm weight bytes before and
     after the passes (``weights``), what quantization did (``quantization``) and, for programs,
     instruction and constant sizes.
+
+    ``decoder`` (an ``mcpc.ir.decoder_import.DecoderBuild``) makes it a decoder build: ``model``, an
+    ONNX graph with past, becomes one module with entries ``prefill`` and ``decode`` over a paged KV
+    cache (``docs/decoding.md``), self-checked against ONNX Runtime before and after the pipeline;
+    ``shapes`` and ``dims`` are then refused (the build binds every dim).  The report gains
+    ``decoder`` (META["decoder"]) and ``decoder_check``.
     """
     from mcpc.passes import PassContext, PassManager, format_pass
 
@@ -184,7 +191,11 @@ def compile(  # noqa: A001 - the public API name (mcpc.compile) is part of the s
     pipeline = resolve_passes(config, passes)
     calib_path = calibration_path(config, calib)
     tgt = load_target(target, overrides)
-    if isinstance(model, (str, Path)):
+    built = None
+    if decoder is not None:
+        built = _import_decoder(model, decoder, shapes, dims, tgt)
+        module = built.module
+    elif isinstance(model, (str, Path)):
         module = load_model(model, shapes, dims, dram_bytes=tgt.dram.size_bytes)
     else:
         module = model
@@ -201,13 +212,16 @@ def compile(  # noqa: A001 - the public API name (mcpc.compile) is part of the s
     pm = PassManager(pipeline, print_ir_after_all=print_ir_after_all, time_passes=time_passes)
     module = pm.run(module, ctx)
 
+    decoder_info = None
+    if built is not None:
+        decoder_info = _check_decoder(built, module, config)
     program, text = None, None
     if emit == "ir":
         from mcpc.ir import print_module
 
         text = print_module(module)
     else:
-        program = _compile_to_program(module, tgt, config, pipeline, model)
+        program = _compile_to_program(module, tgt, config, pipeline, model, decoder_info)
         if emit == "asm":
             from mcpc.arch.asm import disassemble
 
@@ -238,6 +252,9 @@ def compile(  # noqa: A001 - the public API name (mcpc.compile) is part of the s
         "weights": {"before": before, "after": weight_stats(module)},
         "quantization": ctx.notes.get("quantization"),
     }
+    if built is not None:
+        report["decoder"] = decoder_info
+        report["decoder_check"] = built.checks
     if program is not None:
         from mcpc.backend import compile_report
 
@@ -245,7 +262,53 @@ def compile(  # noqa: A001 - the public API name (mcpc.compile) is part of the s
     return CompileResult(module, program, text, output, report, pm, ctx.notes)
 
 
-def _compile_to_program(module, target, config, pipeline, model):
+def _import_decoder(model, build, shapes, dims, target):
+    """The decoder module of ``model`` (``import_decoder``), self-checked as imported (fp32)."""
+    from mcpc.decoder_check import check_rewrite
+    from mcpc.ir.decoder_import import import_decoder
+
+    if shapes:
+        raise UsageError("--shape is not taken by a --max-seq build: the build binds every input")
+    extra = sorted(set(dims or {}) - {"batch"})
+    if extra:
+        raise UsageError(
+            f"--dim {extra[0]}: a --max-seq build binds the sequence, past and total dims itself; only "
+            "--dim batch=B (the same as --max-batch B) is taken"
+        )
+    if not isinstance(model, (str, Path)):
+        raise UsageError("a --max-seq build takes the path of an ONNX graph with past")
+    built = import_decoder(model, build, dram_bytes=target.dram.size_bytes)
+    built.checks = [check_rewrite(built, built.module, 1e-4, what="the imported decoder")]
+    return built
+
+
+def _check_decoder(built, module, config) -> dict:
+    """META["decoder"] of the module after the pipeline (its KV storage dtype), after holding the
+    built IR's logits to ONNX Runtime within the build's ``max_norm_err``.  A quantizing config's
+    miss is reported (``within_tolerance`` false in the check's record), not refused: its error is
+    the quantization's accuracy cost (the single-graph build of the config has it too), while the
+    rewrite itself was held to 1e-4 on the imported module."""
+    from mcpc.backend.compile import TOLERANCES
+    from mcpc.decoder_check import check_rewrite
+    from mcpc.errors import CheckFailed
+
+    tol = config.check.tolerances().get("max_norm_err")
+    if tol is None:
+        tol = TOLERANCES.get(config.name, TOLERANCES["fp32"])["max_norm_err"]
+    try:
+        record = check_rewrite(built, module, tol, what="the built decoder", per_layer=False)
+    except CheckFailed as exc:
+        if config.quantization is None:
+            raise
+        record = check_rewrite(built, module, float("inf"), what="the built decoder", per_layer=False)
+        record.update(max_norm_err=tol, within_tolerance=False, note=exc.message)
+    built.checks.append(record)
+    info = dict(built.decoder)
+    info["kv_dtype"] = module.globals["kv_k_0"].type.dtype.name
+    return info
+
+
+def _compile_to_program(module, target, config, pipeline, model, decoder=None):
     import mcpc.backend
     from mcpc.passes import format_pass
 
@@ -259,6 +322,7 @@ def _compile_to_program(module, target, config, pipeline, model):
         "passes": [format_pass(p) for p in pipeline],
         "source_model": Path(model).name if isinstance(model, (str, Path)) else None,
         "qat_config": config,
+        "decoder": decoder,
     }
     return compile_to_program(module, target, options)
 

@@ -111,7 +111,9 @@ def run_program(
     With ``timing_only`` no value is computed: the inputs are checked (names, shapes, dtypes,
     ranges) but not stored, and the outputs dict is empty; cycles, profile and trace are exactly
     those of the functional run (costs are static, or follow register values, which a timing-only
-    run still computes).  Traps that depend on data (a gather index out of range, an integer to a
+    run still computes, or the window lengths a ``vattn`` reads: for a program with one, the inputs
+    are written to DRAM and the loads of its window tables run, ``LoadedProgram.timing_recs``).
+    Traps that depend on data (a gather index out of range, an integer to a
     negative power) are not detected in that mode.
 
     ``max_cycles`` stops a runaway program: an instruction that would issue later traps (SimTrap).
@@ -172,6 +174,9 @@ def run_program(
         writes.append((addr, raw))
     if timing_only:
         m, recs = Machine(program.dram_size, t.sram.size_bytes), program.timing_recs()
+        if program.has_data_costs:  # vattn's cost follows the window table loaded from the inputs
+            for addr, raw in writes:
+                m.dram[addr : addr + raw.size] = raw
     elif machine is not None:
         m, recs = machine, recs or program.session_recs()
         for addr, raw in writes:

@@ -25,6 +25,7 @@ import numpy as np
 from mcpc.arch.isa import ISA, Instr, resolve
 from mcpc.arch.numerics import (
     NUMPY_DTYPES,
+    attention_rows,
     binary,
     cast,
     dequantize_weight,
@@ -88,14 +89,59 @@ def _store(m: Machine, a: tuple) -> None:
 def _gather(m: Machine, a: tuple) -> None:
     dram, idx_addr, count, row_bytes, dram_stride, sram, sram_stride, limit, reg = a
     dram += m.regs[reg]
-    idx = np.array(view(m.sram, idx_addr, count, 1, 4, 4, _I32)[:, 0], dtype=np.int64)
+    idx, hi = _indices(m, idx_addr, count, limit, "gather")
+    rows = dram_rows(m, dram, hi + 1, row_bytes, dram_stride)[idx]
+    view(m.sram, sram, count, row_bytes, sram_stride, 1, _U8)[...] = rows
+
+
+def _indices(m: Machine, addr: int, count: int, limit: int, what: str) -> tuple[np.ndarray, int]:
+    """The ``count`` i32 indices at SRAM ``addr`` (as i64) and the largest; Fault naming the first
+    index outside [0, limit)."""
+    idx = np.array(view(m.sram, addr, count, 1, 4, 4, _I32)[:, 0], dtype=np.int64)
     lo, hi = int(idx.min()), int(idx.max())
     if lo < 0 or hi >= limit:
         bad = lo if lo < 0 else hi
         pos = int(np.flatnonzero(idx == bad)[0])
-        raise Fault(f"gather index out of range: index[{pos}] = {bad} outside [0, {limit})")
-    rows = dram_rows(m, dram, hi + 1, row_bytes, dram_stride)[idx]
-    view(m.sram, sram, count, row_bytes, sram_stride, 1, _U8)[...] = rows
+        raise Fault(f"{what} index out of range: index[{pos}] = {bad} outside [0, {limit})")
+    return idx, hi
+
+
+def _scatter(m: Machine, a: tuple) -> None:
+    dram, idx_addr, count, row_bytes, dram_stride, sram, sram_stride, limit, reg = a
+    idx, hi = _indices(m, idx_addr, count, limit, "scatter")
+    rows = dram_rows(m, dram + m.regs[reg], hi + 1, row_bytes, dram_stride)
+    rows[idx] = view(m.sram, sram, count, row_bytes, sram_stride, 1, _U8)  # a repeated index: last wins
+
+
+def _vattn(m: Machine, a: tuple) -> None:
+    """Attention rows over K/V in SRAM; the window table is read first (its lengths set the cost)."""
+    (Q, K, V, W, D), reg, cap, scale, share, dtype, cost, cell = a
+    starts, lens = _windows(m, W, reg, cap)
+    cell[0] = cost(lens)
+    s = m.sram
+    out = attention_rows(_get(s, Q), _get(s, K), _get(s, V), np.tile(starts, share), np.tile(lens, share),
+                         scale, dtype)  # fmt: skip
+    _put(s, D, out)
+
+
+def _vattn_cost(m: Machine, a: tuple) -> None:
+    """Timing-only twin of ``_vattn``: the window table read and checked, its cost recorded."""
+    (_, _, _, W, _), reg, cap, _, _, _, cost, cell = a
+    cell[0] = cost(_windows(m, W, reg, cap)[1])
+
+
+def _windows(m: Machine, W: tuple, reg: int, cap: int) -> tuple[np.ndarray, np.ndarray]:
+    table = np.array(_get(m.sram, W), dtype=np.int64)
+    starts, lens = table[0], table[1]
+    n = cap
+    if reg:
+        n = min(max(m.regs[reg], 0), cap)
+    bad = np.flatnonzero((starts < 0) | (lens < 0) | (starts + lens > n))
+    if bad.size:
+        e = int(bad[0])
+        s0, ln = int(starts[e]), int(lens[e])
+        raise Fault(f"vattn window {e} = [{s0}, {s0 + ln}) is outside the {n} K/V rows in use")
+    return starts, lens
 
 
 def _get(s: np.ndarray, d: tuple) -> np.ndarray:
@@ -281,10 +327,11 @@ DESTINATION[_matmul_w4a16], SOURCES[_matmul_w4a16] = 2, (0, 1)
 DESTINATION[_vdequant], SOURCES[_vdequant] = 1, (0,)
 DESTINATION[_qa], SOURCES[_qa] = 2, (0, 1)
 LOAD, STORE, GATHER, MATMUL, SETR, TRAP, NOP = _load, _store, _gather, _matmul, _setr, _trap, _nop
-VTOPK = _vtopk
+VTOPK, SCATTER, VATTN = _vtopk, _scatter, _vattn
 _TIMING_TWINS = {_load: _dma_check, _store: _dma_check, _setr: _setr, _trap: _trap, _nop: _nop}
 _TIMING_TWINS.update({_salu: _salu, _setq: _setq})  # register writes: run-time extents follow them
-_TIMING_TWINS.update(dict.fromkeys((_gather, _matmul, _matmul_cached, _vtopk, *DESTINATION), _nop))
+_TIMING_TWINS.update(dict.fromkeys((_gather, _scatter, _matmul, _matmul_cached, _vtopk, *DESTINATION), _nop))
+_TIMING_TWINS[_vattn] = _vattn_cost  # its cost follows the window lengths it reads
 
 
 def timing_twin(fn: Handler) -> Handler:
@@ -306,6 +353,9 @@ def _extent(m: Machine, a: tuple) -> None:
         v = variants[n] = make(n)
     cell[0] = v[2]  # the cost of the rows actually processed, read by the event loop
     v[0](m, v[1])
+
+
+EXTENT = _extent
 
 
 # -- compilation -------------------------------------------------------------------------------
@@ -359,13 +409,14 @@ def compile_setq(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, 
 
 
 def compile_dma(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
-    if i.op == "gather":
+    if i.op in ("gather", "scatter"):
         b.raw("index", i.sram_idx, i.count, 1, 4, 4, _I32)
-        b.raw("destination", i.sram, i.count, i.row_bytes, i.sram_stride, 1, _U8)
+        side = "destination" if i.op == "gather" else "source"
+        b.raw(side, i.sram, i.count, i.row_bytes, i.sram_stride, 1, _U8)
         if i.count == 0 or i.row_bytes == 0:
             return _nop, ()
         args = (i.dram, i.sram_idx, i.count, i.row_bytes, i.dram_stride, i.sram, i.sram_stride, i.limit)
-        return _gather, (*args, i.dram_reg)
+        return (_gather if i.op == "gather" else _scatter), (*args, i.dram_reg)
     b.raw("SRAM side", i.sram, i.rows, i.row_bytes, i.sram_stride, 1, _U8)
     if i.rows == 0 or i.row_bytes == 0:
         return _nop, ()
@@ -436,6 +487,39 @@ def compile_vdequant(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handl
     S = b.operand("src", i.src, i.rows, i.cols, i.src_stride, 0, i.in_dtype)
     D = b.operand("dst", i.dst, i.rows, i.cols, i.dst_stride, 0, i.out_dtype)
     return _vdequant, (S, D, i.in_dtype, i.out_dtype, i.s_dtype)
+
+
+_ATTN_DTYPES = frozenset({"f32", "f16", "bf16"})
+
+
+def compile_vattn(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
+    from .timing import attention_cost  # timing does not import this module; kept local to stay so
+
+    if i.in_dtype not in _ATTN_DTYPES or i.kv_dtype not in _ATTN_DTYPES:
+        raise Fault(f"illegal instruction: vattn with in_dtype {i.in_dtype}, kv_dtype {i.kv_dtype}")
+    share, rows, d, n = max(i.share, 1), i.rows, i.head_dim, i.kv_rows
+    if rows % share:
+        raise Fault(f"illegal instruction: vattn rows={rows} is not a multiple of share={share}")
+    if rows == 0 or d == 0:
+        return _nop, ()
+    entries = rows // share
+    Q = b.operand("q", i.src, rows, d, d, 0, i.in_dtype)
+    K = b.operand("K", i.kv, n, d, d, 0, i.kv_dtype)
+    V = b.operand("V", i.kv + n * d * NUMPY_DTYPES[i.kv_dtype].itemsize, n, d, d, 0, i.kv_dtype)
+    W = b.raw("window table", i.win, 2, entries, 4 * entries, 4, _I32)
+    D = b.operand("dst", i.dst, rows, d, d, 0, i.in_dtype)
+
+    def cost(lens: np.ndarray) -> Any:
+        return attention_cost(lens, share, d, i.in_dtype, i.kv_dtype, target)
+
+    cell = [cost(np.zeros(0, np.int64))]
+    return _vattn, ((Q, K, V, W, D), i.kv_reg, n, i.scale, share, i.in_dtype, cost, cell)
+
+
+def data_cost_cell(fn: Handler, args: tuple) -> list | None:
+    """The cell holding the cost of the last execution of a data-cost instruction (``vattn``)
+    compiled to ``fn``/``args``, None when it does no work (compiled to a no-op or a trap)."""
+    return args[-1] if fn is _vattn else None
 
 
 def compile_vbin(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:

@@ -219,6 +219,10 @@ def _replay(program: Any, st: State, order: range) -> Plan:
 
     def step(m: Machine, x: tuple) -> None:
         idx, fn, a = x
+        if fn is ex.EXTENT:  # a run-time count: analysed at its capacity, which covers every count
+            _, cap, variants, make, _ = a
+            v = variants.get(cap) or variants.setdefault(cap, make(cap))
+            fn, a = numeric.unwrap(v[0], v[1])
         if fn is ex.SETR or fn is ex.TRAP or fn is ex._salu:  # registers: DMA addresses follow them
             fn(m, a)
         elif fn is ex.NOP:
@@ -245,6 +249,21 @@ def _replay(program: Any, st: State, order: range) -> Plan:
             _, idx_addr, count, row_bytes, _, sram, sram_stride = a[:7]
             read(np.ndarray((count, 4), _I32, wid, idx_addr * 4, (16, 4)))
             np.ndarray((count, row_bytes), _I32, wid, sram * 4, (sram_stride * 4, 4))[...] = -1
+        elif fn is ex.SCATTER:  # a store to any row of its table
+            dram, idx_addr, count, row_bytes, dram_stride, sram, sram_stride, limit, reg = a
+            lo = dram + m.regs[reg]
+            hi = lo + (limit - 1) * dram_stride + row_bytes
+            dram_check(m, lo, limit, row_bytes, dram_stride)
+            if st.overlaps_const(lo, hi):
+                raise _Unsupported
+            stores.append((lo, hi))
+            read(np.ndarray((count, 4), _I32, wid, idx_addr * 4, (16, 4)))
+            read(np.ndarray((count, row_bytes), _I32, wid, sram * 4, (sram_stride * 4, 4)))
+        elif fn is ex.VATTN:  # reads q, K, V and the window table, writes its rows
+            (Q, K, V, W, D) = a[0]
+            for d in (Q, K, V, W):
+                read(_bytes_of(wid, d))
+            _bytes_of(wid, D)[...] = -1
         elif fn is ex.VTOPK:  # two destinations: the values and their indices
             read(_bytes_of(wid, a[0]))
             _bytes_of(wid, a[1])[...] = -1
@@ -269,7 +288,8 @@ def _replay(program: Any, st: State, order: range) -> Plan:
     replay = list(recs)
     for idx in order:
         r = recs[idx]
-        replay[idx] = r[:3] + (step, (idx, *numeric.unwrap(r[3], r[4]))) + r[5:]
+        # a cost known only at execution (busy -1) is read from the handler's arguments: static here
+        replay[idx] = r[:3] + (step, (idx, *numeric.unwrap(r[3], r[4])), max(r[5], 1)) + r[6:]
     try:
         simulate(replay, order, Machine(program.dram_size, 0))
     except Fault:  # pragma: no cover - simulate turns faults into Faulted

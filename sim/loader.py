@@ -13,6 +13,7 @@ binding is well formed (known dtype, concrete shape, a DRAM region of exactly it
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -26,7 +27,15 @@ from mcpc.errors import InputError, McpcError
 
 from . import numeric
 from .decode import fast_decode
-from .execute import compile_extent, compile_instr, extent_register, illegal, is_trap, timing_twin
+from .execute import (
+    compile_extent,
+    compile_instr,
+    data_cost_cell,
+    extent_register,
+    illegal,
+    is_trap,
+    timing_twin,
+)
 from .machine import Fault, nbytes
 from .timing import ex_dependencies, instr_cost
 
@@ -73,10 +82,61 @@ class LoadedProgram:
     _fast: object = field(default=None, repr=False)  # sim/fastpath.State, made on the first run
 
     def timing_recs(self) -> list[tuple]:
-        """``recs`` with every handler replaced by its timing-only twin (built on first use)."""
+        """``recs`` with every handler replaced by its timing-only twin (built on first use).
+
+        A ``vattn`` is costed from the window lengths it reads: the loads that bring its window
+        table stay real loads (a timing-only run writes the inputs to DRAM for them), and a
+        ``vattn`` whose table some other instruction writes traps, since its cost would be a guess."""
         if self._timing_recs is None:
-            self._timing_recs = [r[:3] + (timing_twin(r[3]),) + r[4:] for r in self.recs]
+            keep, untimed = self._window_table_writers()
+            recs = []
+            for idx, r in enumerate(self.recs):
+                if idx in untimed:
+                    recs.append(r[:3] + (_untimed, (untimed[idx],), 1) + r[6:])
+                else:
+                    recs.append(r[:3] + ((r[3] if idx in keep else timing_twin(r[3])),) + r[4:])
+            self._timing_recs = recs
         return self._timing_recs
+
+    @property
+    def has_data_costs(self) -> bool:
+        """Whether some instruction's cost follows the values it reads (``vattn``)."""
+        return "vattn" in self.mnemonics
+
+    def _window_table_writers(self) -> tuple[set[int], dict[int, str]]:
+        """The loads that write each ``vattn``'s window table (from register-free DRAM: the inputs
+        a timing-only run writes), and the ``vattn``s whose table something else writes."""
+        keep: set[int] = set()
+        untimed: dict[int, str] = {}
+        starts = sorted(start for start, _ in self.entries.values())
+        for idx, name in enumerate(self.mnemonics):
+            if name != "vattn":
+                continue
+            f = self.instr(idx).fields
+            lo = f["win"]
+            missing = np.ones(8 * (f["rows"] // max(f["share"], 1)), dtype=bool)
+            first = max([s for s in starts if s <= idx], default=0)
+            for j in range(idx - 1, first - 1, -1):
+                if not missing.any():
+                    break
+                if self.mnemonics[j] in ("vattn", "halt", "nop", "setr", "salu", "setq"):
+                    continue
+                try:
+                    other = self.instr(j)
+                except InputError:
+                    continue
+                hit = _sram_writes(other, lo, missing.size)
+                if hit is None or not (hit & missing).any():
+                    continue
+                if other.op != "load" or other.fields["dram_reg"] or other.fields["rows_reg"]:
+                    untimed[idx] = (
+                        f"timing-only: vattn's window table is written on chip by instruction {j} "
+                        f"({other.op}), so its cost cannot be known without values (run functionally)"
+                    )
+                    break
+                keep.add(j)
+                missing &= ~hit
+        return keep, untimed
 
     def session_recs(self) -> list[tuple]:
         """``recs`` with every register-offset ``store`` confined to the memory-map region holding
@@ -156,6 +216,30 @@ class LoadedProgram:
         return what
 
 
+def _sram_writes(instr: Instr, lo: int, size: int) -> np.ndarray | None:
+    """Which bytes of SRAM [lo, lo + size) ``instr`` writes (by its spec's accesses), or None."""
+    out = None
+    for mem, base, rows, cols, stride, elem, write, _ in instr.spec.access(instr.fields):
+        if mem != "sram" or not write or rows <= 0 or cols <= 0:
+            continue
+        width = int(math.ceil(cols * elem))
+        step = int(stride * elem)
+        first = 0 if step == 0 else max(0, (lo - base - width) // step)
+        last = rows - 1 if step == 0 else min(rows - 1, (lo + size - base) // step + 1)
+        for r in range(first, last + 1):
+            a, b = base + r * step - lo, base + r * step + width - lo
+            if b > 0 and a < size:
+                out = np.zeros(size, dtype=bool) if out is None else out
+                out[max(a, 0) : min(b, size)] = True
+            if step == 0:
+                break
+    return out
+
+
+def _untimed(m, x) -> None:
+    raise Fault(x[0])
+
+
 def _confined_store(m, x) -> None:
     fn, args, base, span, reg, lo, hi, what = x
     addr = base + m.regs[reg]
@@ -210,15 +294,19 @@ def from_program(program: Program, source: str = "<program>") -> LoadedProgram:
         costs.append(cost)
         fn, args, hi = compile_instr(instr, target)
         busy = cost.busy
+        cell = data_cost_cell(fn, args)
         if extent_register(instr) and not is_trap(fn):
             fn, args = compile_extent(instr, target, instr_cost, cost)
             busy = -1  # the event loop takes the cost of each execution from args[-1]
             extents.append((idx, args[-1]))
+        elif cell is not None:  # a cost that follows the values it reads (vattn): same protocol
+            busy = -1
+            extents.append((idx, cell))
         else:
             fn, args = numeric.guard(instr, target, idx, fn, args)
         mnemonics.append(instr.op)
         mac_dtype.append(_mac_dtype(instr))
-        dma = instr.op in ("load", "store", "gather")
+        dma = instr.op in ("load", "store", "gather", "scatter")
         recs.append(
             (instr.engine, _mask(instr.wait), _mask(instr.signal), fn, args, busy, cost.tail, dma, ())
         )
@@ -385,6 +473,8 @@ def _mac_dtype(instr) -> str | None:
     """The dtype whose MAC rate an instruction runs at (the profile's roofline), None if no MACs."""
     if instr.op in ("matmul", "matmul_w4a16"):
         return instr.in_dtype
+    if instr.op == "vattn":  # the slower of the two rates, as attention_cost charges
+        return instr.in_dtype if instr.in_dtype == "f32" or instr.kv_dtype != "f32" else instr.kv_dtype
     if instr.op in ("vmmul.q4f8", "matmul_i8"):
         return {"u8": "i8"}.get(instr.q_dtype, instr.q_dtype)
     return None

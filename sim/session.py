@@ -117,11 +117,14 @@ class Session:
         regions = p.memory_map.get("regions") or []
         out = []
         for idx in range(start, start + count):
-            if p.mnemonics[idx] != "store":
+            if p.mnemonics[idx] not in ("store", "scatter"):
                 continue
             f = p.instr(idx).fields
             lo = f["dram"]
-            hi = lo + ((f["rows"] - 1) * f["dram_stride"] + f["row_bytes"] if f["rows"] else 0)
+            if p.mnemonics[idx] == "scatter":  # any row of its table (limit checked at execution)
+                hi = lo + ((f["limit"] - 1) * f["dram_stride"] + f["row_bytes"] if f["limit"] else 0)
+            else:
+                hi = lo + ((f["rows"] - 1) * f["dram_stride"] + f["row_bytes"] if f["rows"] else 0)
             if f["dram_reg"]:  # confined to the region holding its base (session_recs)
                 home = next((r for r in regions if r["dram"] <= lo < r["dram"] + r["bytes"]), None)
                 lo, hi = (home["dram"], home["dram"] + home["bytes"]) if home else (lo, lo)

@@ -61,10 +61,12 @@ def _elem_bytes(dtype: str, count: int) -> int:
 
 
 def dma_cost(i: Instr | Decoded, target: Any) -> Cost:
-    """load/store/gather: the channel streams the bytes, the DRAM latency follows the transfer."""
-    nbytes_ = (i.count if i.op == "gather" else i.rows) * i.row_bytes
+    """load/store/gather/scatter: the channel streams the bytes, the DRAM latency follows the
+    transfer.  A gather or scatter moves the rows of its (run-time) count, not of its table."""
+    indexed = i.op in ("gather", "scatter")
+    nbytes_ = (i.count if indexed else i.rows) * i.row_bytes
     transfer = math.ceil(nbytes_ / target.dram_bytes_per_cycle)
-    rd, wr = (0, nbytes_) if i.op == "store" else (nbytes_, 0)
+    rd, wr = (0, nbytes_) if i.op in ("store", "scatter") else (nbytes_, 0)
     return Cost(transfer, target.dram_latency_cycles, 0, rd, wr)
 
 
@@ -120,6 +122,47 @@ def _array_cost(m: int, n: int, k: int, in_dtype: str, b_bytes: float, target: A
     busy = max(1, math.ceil(max(compute, ingest)))
     tail = mac.stream_latency if m <= mac.stream_max_rows else mac.pipeline_latency
     return Cost(busy, tail, m * n * k, 0, 0)
+
+
+def vattn_cost(i: Instr | Decoded, target: Any) -> Cost:
+    """vattn before it executes: the cost of empty windows.  Its real cost follows the window
+    lengths it reads (``attention_cost``, charged at execution like a run-time extent)."""
+    return Cost(1, 0, 0, 0, 0)
+
+
+def attention_cost(lens: Any, share: int, d: int, in_dtype: str, kv_dtype: str, target: Any) -> Cost:
+    """Cycles of ``vattn`` over windows of lengths ``lens`` (one per table entry, ``share`` query
+    rows each) of ``d``-element rows (docs/timing.md, "Attention over run-time windows").
+
+    For each entry of length L: the array products S = Q·Kᵀ (share x L x d) and O = P·V
+    (share x d x L) as ``matmul_cost`` charges them (rows present, K and V ingested once for the
+    rows sharing them) at the slower MAC rate of the two dtypes; then exp of share·ΣL scores on
+    the SFU lanes and four f32 vector passes over them (scale, max, subtract, sum and divide).
+    The engine does them back to back (busy = their sum); tail = the array's short latency plus
+    the vector pipeline's.  Nothing is charged for the K/V capacity beyond the windows."""
+    mac, vec = target.mac, target.vector
+    lens = [int(x) for x in lens if x > 0]
+    if not lens or share <= 0 or d <= 0:
+        return Cost(1, 0, 0, 0, 0)
+    rates = mac.macs_per_cycle
+    dt = in_dtype if rates.get(in_dtype, 0) <= rates.get(kv_dtype, 0) else kv_dtype
+    kvb = _elem_bytes(kv_dtype, d)
+    array = 0
+    for n_len, times in _counts(lens):
+        qk = _array_cost(share, n_len, d, dt, n_len * kvb, target).busy
+        pv = _array_cost(share, d, n_len, dt, n_len * kvb, target).busy
+        array += times * (qk + pv)
+    scores = share * sum(lens)
+    busy = array + math.ceil(scores / vec.sfu_lanes) + math.ceil(4 * scores / target.vector_lanes_for("f32"))
+    tail = (mac.stream_latency if share <= mac.stream_max_rows else mac.pipeline_latency) + vec.latency
+    return Cost(busy, tail, 2 * scores * d, 0, 0)
+
+
+def _counts(values: list[int]) -> list[tuple[int, int]]:
+    out: dict[int, int] = {}
+    for v in values:
+        out[v] = out.get(v, 0) + 1
+    return list(out.items())
 
 
 def vector_cost(i: Instr | Decoded, target: Any) -> Cost:
@@ -211,6 +254,11 @@ def sram_regions(i: Instr | Decoded) -> tuple[tuple[Region, ...], tuple[Region, 
         reads = [_region(i.src, i.rows, i.cols, i.src_stride, 0, i.dtype)]
         writes = [_region(i.dst, i.rows, i.topk_k, i.dst_stride, 0, i.dtype)]
         writes.append(_region(i.idx, i.rows, i.topk_k, i.idx_stride, 0, "i32"))
+    elif op == "vattn":
+        rows, d, n, entries = i.rows, i.head_dim, i.kv_rows, i.rows // max(i.share, 1)
+        reads = [_region(i.src, rows, d, d, 0, i.in_dtype), _region(i.kv, 2 * n, d, d, 0, i.kv_dtype)]
+        reads.append(_raw_region(i.win, 1, 8 * entries, 0))
+        writes = [_region(i.dst, rows, d, d, 0, i.in_dtype)]
     elif op == "transpose":
         eb = i.elem_bytes
         reads = [_raw_region(i.src, i.rows, i.cols * eb, i.src_stride * eb) if i.cols else None]

@@ -1,0 +1,173 @@
+"""Lowering of the paged KV cache ops (``ir/ops_kv.py``): ``scatter`` of new K/V rows to their slots,
+``gather`` of a sequence's blocks and ``vattn`` over them.
+
+``mcp.kv_store new, slot {global}`` — the slots (i32, one per token row) are loaded once into a
+buffer of their own; then per KV head h a copy step loads head h's B·S new rows into an input
+slot and one ``scatter`` writes row i to row ``slot[i]`` of head h's part of the global (``limit``
+= the rows of that part, so a bad slot traps before a byte is written).
+
+``mcp.paged_attention q, gather, start, length, nblocks`` — the block ids and the window table
+(starts, then lengths: ``vattn``'s layout) are loaded once; then per KV head kh one step:
+``gather`` the K blocks and ``gather`` the V blocks of head kh (one gathered row = one block of
+one head, ``block_size · D`` elements; ``count`` = the capacity, the length of ``gather``;
+``count_reg`` = the register of ``nblocks``), load the query rows of the heads of kh's group
+(head after head, each head's B·S rows), one ``vattn`` over them (``share`` = the group: the
+heads share the window table), and store the rows back head by head.  The ``vattn`` traps a
+window reaching past ``r[nblocks] · block_size`` rows (its ``kv_reg``: a register the entry's
+register kernel sets to that product), so rows of blocks not gathered in this call are never read.
+
+Work per call follows the context in use: the gathers move ``r[nblocks]`` blocks (a run-time
+extent), ``vattn`` is costed from the window lengths it reads.  SRAM holds the gathered K and V of
+the whole capacity (double-buffered across KV heads); a build whose capacity does not fit is
+refused (``KVCacheDoesNotFit``, an UnsupportedError naming the op and the sizes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mcpc.backend.lower_shape import U20, U24, elem_bytes
+from mcpc.backend.lowering import LoweringContext, register_lowering
+from mcpc.backend.schedule import Kernel, Step
+from mcpc.errors import PassError, UnsupportedError
+from mcpc.ir import ops
+
+
+class KVCacheDoesNotFit(UnsupportedError, PassError):
+    """The SRAM a paged-KV lowering needs exceeds its region: a PassError, so the compile driver
+    tries the next, larger region, and an UnsupportedError (exit 4) once none is left."""
+
+
+def _fits(ctx: LoweringContext, op: Any, need: int, what: str) -> None:
+    if need > ctx.sram_budget:
+        raise KVCacheDoesNotFit(
+            f"backend: {op.describe()}: {what} need {need} bytes of SRAM, more than the "
+            f"{ctx.sram_budget} bytes available to it on target {ctx.target.name} "
+            f"({ctx.target.sram.size_bytes} bytes of SRAM): build for a smaller --max-seq or "
+            "--max-batch, or a target with more SRAM (--set sram.size_bytes=...)"
+        )
+
+
+def _field(op: Any, name: str, value: int, limit: int, what: str) -> None:
+    if value > limit:
+        raise UnsupportedError(
+            f"backend: {op.describe()}: {what} = {value} exceeds the {name} field's range (max {limit})"
+        )
+
+
+@register_lowering(ops.KVStoreOp)
+def lower_kv_store(op: Any, ctx: LoweringContext) -> list[Kernel]:
+    """Slots loaded once, then one copy step per head: load its new rows, ``scatter`` them."""
+    new, slot = op.operands
+    na, nt = ctx.dram(new)
+    sa, _ = ctx.dram(slot)
+    b, h, s, d = nt.shape
+    rows = b * s
+    if rows == 0 or d == 0 or h == 0:
+        return []
+    esz = elem_bytes(nt, op)
+    gbase = ctx.globals[op.attrs["global"]]
+    per_head = ctx.global_types[op.attrs["global"]].shape[0] // h
+    row = d * esz
+    _field(op, "count", rows, U20, "the new rows per head (batch x seq)")
+    _field(op, "limit", per_head, U24, "the cache rows per head")
+    _field(op, "row_bytes", s * row, U24, "the bytes of one sequence's new rows")
+    need = 4 * rows + ctx.in_slots * rows * row + 2 * ctx.in_slots * ctx.align
+    _fits(ctx, op, need, f"the {rows} slots and {ctx.in_slots} buffer(s) of {rows} new rows of {row} bytes")
+    arena = ctx.arena()
+    idx = arena.alloc(4 * rows, "cache slots")
+    ring = arena.ring(ctx.in_slots, rows * row, "new rows")
+    emit = ctx.emitter.emit
+    steps = [Step(loads=[emit("load", dram=sa, sram=idx, rows=1, row_bytes=4 * rows)])]
+    for head in range(h):
+        buf = ring.addr(len(steps))
+        load = emit("load", dram=na + head * s * row, sram=buf, rows=b, row_bytes=s * row,
+                    dram_stride=h * s * row, sram_stride=s * row)  # fmt: skip
+        scatter = emit("scatter", dram=gbase + head * per_head * row, sram_idx=idx, count=rows,
+                       row_bytes=row, dram_stride=row, sram=buf, sram_stride=row, limit=per_head)  # fmt: skip
+        steps.append(Step(loads=[load], stores=[scatter]))
+    return [ctx.kernel(steps, arena)]
+
+
+@register_lowering(ops.PagedAttentionOp)
+def lower_paged_attention(op: Any, ctx: LoweringContext) -> list[Kernel]:
+    """Block ids and windows loaded once; per KV head: gather K and V, load Q, ``vattn``, store."""
+    q, gather, start, length, _ = op.operands
+    qa, qt = ctx.dram(q)
+    ga, gt = ctx.dram(gather)
+    st_a, _ = ctx.dram(start)
+    ln_a, _ = ctx.dram(length)
+    out, _ = ctx.dram(op.result)
+    b, hq, s, d = qt.shape
+    kv, bs = int(op.attrs["kv_heads"]), int(op.attrs["block_size"])
+    group, rows, cap_blocks = hq // kv, b * s, gt.shape[0]
+    if rows == 0 or d == 0 or hq == 0:
+        return []
+    k_name, v_name = op.attrs["k_global"], op.attrs["v_global"]
+    kt, vt = ctx.global_types[k_name], ctx.global_types[v_name]
+    if kt.dtype != vt.dtype:
+        raise UnsupportedError(
+            f"backend: {op.describe()}: K (@{k_name}: {kt.dtype.name}) and V (@{v_name}: {vt.dtype.name}) "
+            "must share one dtype (vattn reads both as kv_dtype)"
+        )
+    qb, kvb = elem_bytes(qt, op), elem_bytes(kt, op)
+    per_head = kt.shape[0] // kv
+    cap = cap_blocks * bs  # gathered K/V rows at full capacity
+    block_bytes = bs * d * kvb
+    reg_blocks, reg_rows = ctx.registers[op]
+    for name, value, limit, what in (
+        ("count", cap_blocks, U20, "the block table's length"),
+        ("limit", per_head // bs, U24, "the cache blocks per head"),
+        ("row_bytes", block_bytes, U24, "the bytes of one block of one head"),
+        ("kv_rows", cap, U20, "the gathered rows at capacity"),
+        ("rows", group * rows, U20, "the query rows of one KV head"),
+        ("head_dim", d, (1 << 16) - 1, "the head dim"),
+        ("share", group, 255, "the query heads per KV head"),
+        ("row_bytes", s * d * qb, U24, "the bytes of one sequence's query rows of one head"),
+    ):
+        _field(op, name, value, limit, what)
+    kv_bytes = 2 * cap * d * kvb
+    q_bytes = group * rows * d * qb
+    need = 4 * cap_blocks + 8 * rows + ctx.in_slots * (kv_bytes + q_bytes) + ctx.out_slots * q_bytes
+    need += (2 + 2 * ctx.in_slots + ctx.out_slots) * ctx.align
+    _fits(ctx, op, need, f"the gathered K and V of {cap_blocks} blocks of {bs} x {d} {kt.dtype.name} "
+          f"({kv_bytes} bytes a KV head, x{ctx.in_slots} buffers) and {group * rows} query rows")  # fmt: skip
+    arena = ctx.arena()
+    ids = arena.alloc(4 * cap_blocks, "block ids")
+    win = arena.alloc(8 * rows, "window table")
+    kv_ring = arena.ring(ctx.in_slots, kv_bytes, "gathered K and V")
+    q_ring = arena.ring(ctx.in_slots, q_bytes, "query rows")
+    o_ring = arena.ring(ctx.out_slots, q_bytes, "attention rows")
+    emit = ctx.emitter.emit
+    head_rows = s * d * qb  # one sequence's rows of one head, contiguous in [B, Hq, S, D]
+    steps = [Step(loads=[
+        emit("load", dram=ga, sram=ids, rows=1, row_bytes=4 * cap_blocks),
+        emit("load", dram=st_a, sram=win, rows=1, row_bytes=4 * rows),
+        emit("load", dram=ln_a, sram=win + 4 * rows, rows=1, row_bytes=4 * rows),
+    ])]  # fmt: skip
+    for kh in range(kv):
+        rank, kv_buf = len(steps), kv_ring.addr(len(steps))
+        q_buf, o_buf = q_ring.addr(rank), o_ring.addr(kh)
+        loads = [
+            emit("gather", dram=ctx.globals[name] + kh * per_head * d * kvb, sram_idx=ids, count=cap_blocks,
+                 row_bytes=block_bytes, dram_stride=block_bytes, sram=kv_buf + part * cap * d * kvb,
+                 sram_stride=block_bytes, limit=per_head // bs, count_reg=reg_blocks)
+            for part, name in enumerate((k_name, v_name))
+        ]  # fmt: skip
+        loads += [
+            emit("load", dram=qa + (kh * group + g) * head_rows, sram=q_buf + g * rows * d * qb, rows=b,
+                 row_bytes=head_rows, dram_stride=hq * head_rows, sram_stride=head_rows)
+            for g in range(group)
+        ]  # fmt: skip
+        attn = emit(
+            "vattn", in_dtype=qt.dtype.name, kv_dtype=kt.dtype.name, dst=o_buf, src=q_buf, kv=kv_buf, win=win,
+            rows=group * rows, head_dim=d, kv_rows=cap, share=group, kv_reg=reg_rows,
+            scale=float(op.attrs["scale"]),
+        )  # fmt: skip
+        stores = [
+            emit("store", dram=out + (kh * group + g) * head_rows, sram=o_buf + g * rows * d * qb, rows=b,
+                 row_bytes=head_rows, dram_stride=hq * head_rows, sram_stride=head_rows)
+            for g in range(group)
+        ]  # fmt: skip
+        steps.append(Step(loads=loads, computes=[attn], stores=stores))
+    return [ctx.kernel(steps, arena)]

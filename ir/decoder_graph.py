@@ -1,0 +1,585 @@
+"""Recognise a decoder "with past" in an ONNX graph and rewrite it for a paged KV cache.
+
+A decoder with past takes each layer's past K and V as graph inputs and returns them extended by
+the new tokens' K/V (``present = Concat(past, new, axis = seq)``).  ``recognise`` finds, by
+structure, for every layer: that Concat pair, the attention consuming it — scores ``MatMul`` of Q
+with K transposed (through a GQA ``repeat_kv`` of Unsqueeze/Expand/Reshape), constant scale
+factors (Mul/Div by a scalar on Q, on K or on the scores), the mask (an Add, or a Where filling
+masked scores), ``Softmax`` over the last axis (and the ``IsNaN``/``Where`` guard SDPA exports add),
+then the ``MatMul`` with V — and the tensor Q feeds.  Both naming conventions in use are read:
+``past_key_values.{i}.key|value -> present.{i}.key|value`` (transformers) and
+``past_key_<i>|past_value_<i> -> present_key_<i>|present_value_<i>`` (our torch fixtures).
+
+``rewrite`` replaces each layer's attention by two ``mcpc.kv`` domain nodes the importer turns into
+IR (``ir/decoder_import.py``): ``KVStore`` of the new K and of the new V to the host-given slots,
+and ``PagedAttention`` of Q over the cache; the past and ``attention_mask`` inputs and the present
+outputs go, and the inputs ``kv_slot``, ``kv_gather``, ``kv_start``, ``kv_len`` (i32) come.
+Afterwards nothing may read a past input, a present K/V or ``attention_mask``: a node that does
+(positions computed from the past length, a bias that is not the causal/padding mask) is refused,
+named — never a program that would compute with a stale length.
+
+Every refusal is an ``UnsupportedError`` naming the graph input, output or node that broke the
+pattern.  What the structure cannot prove (that the mask is plain causal + padding, that the
+scale is what the factors say) the build's self-check holds against ONNX Runtime
+(``mcpc/decoder_check.py``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from mcpc.errors import UnsupportedError
+
+DOMAIN = "mcpc.kv"
+KV_INPUTS = ("kv_slot", "kv_gather", "kv_start", "kv_len")
+_HF = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+_TORCH = re.compile(r"^past_(key|value)_(\d+)$")
+# ops a K/V tensor may pass through between the cache and the attention matmuls: GQA's repeat_kv
+_REPEAT = ("Unsqueeze", "Expand", "Reshape", "Identity")
+_CAST_LIKE = ("Cast", "Identity")
+
+
+@dataclass
+class Layer:
+    """One layer's KV interface and attention, as node/tensor names of the ONNX graph."""
+
+    index: int
+    past: dict[str, str] = field(default_factory=dict)  # "key"/"value" -> input name
+    present: dict[str, str] = field(default_factory=dict)  # -> output name
+    concat: dict[str, onnx.NodeProto] = field(default_factory=dict)
+    new: dict[str, str] = field(default_factory=dict)  # the new tokens' K/V (Concat's 2nd input)
+    pv: onnx.NodeProto | None = None  # the MatMul of the probabilities with V (its output: attention)
+    q: str = ""  # Q before any scale factor
+    factors: list[tuple[str, bool]] = field(default_factory=list)  # (scalar tensor, divides)
+    mask_nodes: list[onnx.NodeProto] = field(default_factory=list)
+    kv_heads: int = 0
+    q_heads: int = 0
+    head_dim: int = 0
+
+
+@dataclass
+class DecoderGraph:
+    """What ``recognise`` found: the layers, the token inputs and the logits output."""
+
+    layers: list[Layer]
+    ids: str
+    positions: str | None
+    mask: str | None
+    logits: str
+
+
+def _label(model: onnx.ModelProto) -> str:
+    return f"model '{model.graph.name or 'model'}'"
+
+
+def _node_name(node: onnx.NodeProto, index: int | None = None) -> str:
+    return node.name or f"{node.op_type}_{index if index is not None else '?'}"
+
+
+def _static_dims(vi) -> list[int | str]:
+    dims = vi.type.tensor_type.shape.dim
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
+
+
+class GraphIndex:
+    """Producer/consumer maps and constant lookup over one ONNX graph."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model, self.graph, self.label = model, model.graph, _label(model)
+        self.producer: dict[str, onnx.NodeProto] = {}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        self.index: dict[int, int] = {}
+        for i, node in enumerate(self.graph.node):
+            self.index[id(node)] = i
+            for o in node.output:
+                self.producer[o] = node
+            for x in node.input:
+                self.consumers.setdefault(x, []).append(node)
+        self.inits = {t.name: t for t in self.graph.initializer}
+        self.inputs = [i for i in self.graph.input if i.name not in self.inits]
+        self.outputs = {o.name for o in self.graph.output}
+
+    def name(self, node: onnx.NodeProto) -> str:
+        return f"node '{_node_name(node, self.index.get(id(node)))}' ({node.op_type})"
+
+    def constant(self, name: str) -> np.ndarray | None:
+        """The value of ``name`` when it is an initializer or a Constant node's output, else None."""
+        if name in self.inits:
+            return numpy_helper.to_array(self.inits[name])
+        node = self.producer.get(name)
+        if node is not None and node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value":
+                    return numpy_helper.to_array(a.t)
+                if a.name in ("value_float", "value_int"):
+                    return np.array(helper.get_attribute_value(a))
+        return None
+
+    def refuse(self, what: str) -> UnsupportedError:
+        return UnsupportedError(f"{self.label}: --max-seq decoder build: {what}")
+
+
+def _attr(node: onnx.NodeProto, key: str, default=None):
+    for a in node.attribute:
+        if a.name == key:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _past_inputs(g: GraphIndex) -> dict[int, Layer]:
+    layers: dict[int, Layer] = {}
+    for vi in g.inputs:
+        hf, torch = _HF.match(vi.name), _TORCH.match(vi.name)
+        if hf:
+            i, kind, present = int(hf.group(1)), hf.group(2), f"present.{hf.group(1)}.{hf.group(2)}"
+        elif torch:
+            i, kind = int(torch.group(2)), torch.group(1)
+            present = f"present_{kind}_{i}"
+        else:
+            continue
+        layer = layers.setdefault(i, Layer(i))
+        layer.past[kind], layer.present[kind] = vi.name, present
+        if present not in g.outputs:
+            raise g.refuse(
+                f"past input '{vi.name}' has no present output '{present}' (a decoder with past returns "
+                "each past K/V extended by the new tokens)"
+            )
+    return layers
+
+
+def alias_past_inputs(model: onnx.ModelProto) -> int:
+    """Drop, in place, the Identity and one-input Concat nodes that only rename a past K/V input
+    (a TorchScript export wraps the first layer's past so), pointing their readers at the input;
+    returns how many went."""
+    past = {vi.name for vi in model.graph.input if _HF.match(vi.name) or _TORCH.match(vi.name)}
+    outputs = {o.name for o in model.graph.output}
+    rename: dict[str, str] = {}
+    keep = []
+    for node in model.graph.node:
+        src = rename.get(node.input[0], node.input[0]) if len(node.input) == 1 else None
+        if node.op_type in ("Identity", "Concat") and src in past and node.output[0] not in outputs:
+            rename[node.output[0]] = src
+            continue
+        keep.append(node)
+    if rename:
+        for node in keep:
+            for i, x in enumerate(node.input):
+                if x in rename:
+                    node.input[i] = rename[x]
+        del model.graph.node[:]
+        model.graph.node.extend(keep)
+    return len(rename)
+
+
+def recognise(model: onnx.ModelProto) -> DecoderGraph:
+    """The layers of a decoder with past in ``model`` (UnsupportedError naming what does not fit)."""
+    g = GraphIndex(model)
+    layers = _past_inputs(g)
+    if not layers:
+        raise g.refuse(
+            "the graph has no past K/V inputs (past_key_values.{i}.key|value or "
+            "past_key_<i>/past_value_<i>): it is not a decoder with past; compile it without --max-seq"
+        )
+    if sorted(layers) != list(range(len(layers))):
+        raise g.refuse(f"past K/V inputs cover layers {sorted(layers)}, not 0..{len(layers) - 1}")
+    expected = {layer.present[k] for layer in layers.values() for k in ("key", "value") if k in layer.present}
+    for out in g.graph.output:
+        if (out.name.startswith("present") and out.name not in expected) or (
+            _HF.match(out.name) or _TORCH.match(out.name)
+        ):
+            raise g.refuse(f"output '{out.name}' has no past input that it extends")
+    for layer in layers.values():
+        for kind in ("key", "value"):
+            if kind not in layer.past:
+                other = next(iter(layer.past.values()))
+                raise g.refuse(f"layer {layer.index} has '{other}' but no past {kind} input")
+            _match_concat(g, layer, kind)
+        _match_attention(g, layer)
+    rest = [o.name for o in g.graph.output if o.name not in expected]
+    if len(rest) != 1:
+        raise g.refuse(
+            f"a decoder build returns the logits only, but outputs {rest} remain beside the present K/V"
+        )
+    names = {vi.name for vi in g.inputs}
+    ids = next((n for n in ("input_ids",) if n in names), None)
+    if ids is None:
+        raise g.refuse(f"no 'input_ids' input (inputs: {sorted(names)})")
+    positions = "position_ids" if "position_ids" in names else None
+    mask = "attention_mask" if "attention_mask" in names else None
+    known = {ids, positions, mask} | {n for la in layers.values() for n in la.past.values()}
+    other = sorted(names - known)
+    if other:
+        raise g.refuse(f"input(s) {other} are not token ids, positions, attention_mask or past K/V")
+    return DecoderGraph([layers[i] for i in range(len(layers))], ids, positions, mask, rest[0])
+
+
+def _match_concat(g: GraphIndex, layer: Layer, kind: str) -> None:
+    present, past = layer.present[kind], layer.past[kind]
+    node = g.producer.get(present)
+    if node is None or node.op_type != "Concat" or list(node.input)[:1] != [past] or len(node.input) != 2:
+        what = g.name(node) if node is not None else "a graph input"
+        raise g.refuse(
+            f"output '{present}' is computed by {what}, not by Concat('{past}', new) along the sequence axis"
+        )
+    vi = next(i for i in g.inputs if i.name == past)
+    rank = len(vi.type.tensor_type.shape.dim)
+    axis = _attr(node, "axis")
+    if rank != 4 or axis not in (2, -2):
+        raise g.refuse(
+            f"{g.name(node)} extends '{past}' (rank {rank}) along axis {axis}: the paged cache takes "
+            "[batch, kv_heads, seq, head_dim] extended along axis 2"
+        )
+    dims = _static_dims(vi)
+    if not isinstance(dims[1], int) or not isinstance(dims[3], int) or dims[1] < 1 or dims[3] < 1:
+        raise g.refuse(
+            f"input '{past}' has dims {dims}: its heads (axis 1) and head_dim (axis 3) must be fixed"
+        )
+    layer.kv_heads, layer.head_dim = dims[1], dims[3]
+    layer.concat[kind], layer.new[kind] = node, node.input[1]
+
+
+def _walk_to_cache(g: GraphIndex, name: str, present: str, factors: list | None) -> tuple[int, bool] | None:
+    """Follow ``name`` back through repeat_kv ops, transposes of the last two axes and (when
+    ``factors`` is a list) scalar Mul/Div to ``present``: (transposes, ok) or None."""
+    transposes = 0
+    for _ in range(32):
+        if name == present:
+            return transposes, True
+        node = g.producer.get(name)
+        if node is None:
+            return None
+        if node.op_type in _REPEAT:
+            name = node.input[0]
+        elif node.op_type == "Transpose" and _swaps_last_two(_attr(node, "perm", [])):
+            transposes += 1
+            name = node.input[0]
+        elif factors is not None and node.op_type in ("Mul", "Div"):
+            side = _scalar_side(g, node)
+            if side is None:
+                return None
+            factors.append((node.input[1 - side], node.op_type == "Div"))
+            name = node.input[side]
+        else:
+            return None
+    return None
+
+
+def _swaps_last_two(perm) -> bool:
+    """A transpose of the last two axes alone (rank 3 too: SDPA exports fold batch and heads)."""
+    perm = list(perm)
+    n = len(perm)
+    return n >= 2 and perm == [*range(n - 2), n - 1, n - 2]
+
+
+def _scalar_side(g: GraphIndex, node: onnx.NodeProto) -> int | None:
+    """For a Mul/Div by a scalar: the index of the other (path) input; None when neither input is a
+    one-element tensor (a Div's path must be its dividend)."""
+    for side in (0, 1):
+        other = node.input[1 - side]
+        if node.op_type == "Div" and side == 1:
+            continue
+        if _is_scalar(g, other):
+            return side
+    return None
+
+
+def _is_scalar(g: GraphIndex, name: str) -> bool:
+    const = g.constant(name)
+    if const is not None:
+        return const.size == 1
+    # a scale computed from shapes (Shape -> Cast -> Sqrt -> Div): its value comes from the probe run
+    node = g.producer.get(name)
+    return node is not None and _shape_only(g, name, 0)
+
+
+def _shape_only(g: GraphIndex, name: str, depth: int) -> bool:
+    """True when ``name`` is computed from constants and Shape nodes alone (no tensor values)."""
+    if depth > 24:
+        return False
+    if g.constant(name) is not None:
+        return True
+    node = g.producer.get(name)
+    if node is None:
+        return False
+    if node.op_type == "Shape":
+        return True
+    return all(_shape_only(g, x, depth + 1) for x in node.input if x)
+
+
+def _match_attention(g: GraphIndex, layer: Layer) -> None:
+    pk, pv = layer.present["key"], layer.present["value"]
+    pvs = [
+        n for n in g.graph.node
+        if n.op_type == "MatMul" and _walk_to_cache(g, n.input[1], pv, None) == (0, True)
+    ]  # fmt: skip
+    if len(pvs) != 1:
+        users = ", ".join(g.name(n) for n in g.consumers.get(pv, [])) or "nothing"
+        raise g.refuse(
+            f"layer {layer.index}: expected one MatMul of attention probabilities with '{pv}' (read by "
+            f"{users}), found {len(pvs)}"
+        )
+    layer.pv = pvs[0]
+    probs = _through_guard(g, layer.pv.input[0])
+    soft = g.producer.get(probs)
+    if soft is None or soft.op_type != "Softmax" or _attr(soft, "axis", -1) not in (-1, 3):
+        what = g.name(soft) if soft is not None else f"input '{probs}'"
+        raise g.refuse(
+            f"layer {layer.index}: {g.name(layer.pv)} multiplies V by {what}, not by a Softmax over the "
+            "last axis"
+        )
+    scores, factors, masks = _scores(g, soft.input[0], layer, [], [], 0)
+    if scores is None:
+        raise g.refuse(
+            f"layer {layer.index}: the input of {g.name(soft)} is not Q·K^T of '{pk}' through scale "
+            f"factors and a mask: {factors}"
+        )
+    qf: list = []
+    q = scores.input[0]
+    for _ in range(8):
+        node = g.producer.get(q)
+        if node is None or node.op_type not in ("Mul", "Div"):
+            break
+        side = _scalar_side(g, node)
+        if side is None:
+            break
+        qf.append((node.input[1 - side], node.op_type == "Div"))
+        q = node.input[side]
+    layer.q, layer.factors, layer.mask_nodes = q, factors + qf, masks
+
+
+def _through_guard(g: GraphIndex, name: str) -> str:
+    """Skip SDPA's NaN guard ``Where(IsNaN(p), 0, p)`` and casts between Softmax and the V matmul."""
+    for _ in range(4):
+        node = g.producer.get(name)
+        if node is None:
+            return name
+        if node.op_type in _CAST_LIKE:
+            name = node.input[0]
+        elif node.op_type == "Where":
+            cond = g.producer.get(node.input[0])
+            if cond is None or cond.op_type != "IsNaN" or cond.input[0] != node.input[2]:
+                return name
+            zero = g.constant(node.input[1])
+            if zero is None or zero.size != 1 or float(zero.reshape(())) != 0.0:
+                return name
+            name = node.input[2]
+        else:
+            return name
+    return name
+
+
+def _scores(g: GraphIndex, name: str, layer: Layer, factors: list, masks: list, depth: int):
+    """Walk from the Softmax input back to the scores MatMul: (matmul, scale factors, mask nodes),
+    or (None, why, None)."""
+    if depth > 12:
+        return None, "too many ops between the scores and the Softmax", None
+    node = g.producer.get(name)
+    if node is None:
+        return None, f"'{name}' is a graph input", None
+    if node.op_type == "MatMul":
+        kf: list = []
+        walked = _walk_to_cache(g, node.input[1], layer.present["key"], kf)
+        if walked != (1, True):
+            return None, f"{g.name(node)} does not multiply by the transposed K cache", None
+        return node, factors + kf, masks
+    if node.op_type in _CAST_LIKE:
+        return _scores(g, node.input[0], layer, factors, masks, depth + 1)
+    if node.op_type in ("Mul", "Div"):
+        side = _scalar_side(g, node)
+        if side is None:
+            return None, f"{g.name(node)} scales the scores by a non-scalar", None
+        f = [*factors, (node.input[1 - side], node.op_type == "Div")]
+        return _scores(g, node.input[side], layer, f, masks, depth + 1)
+    if node.op_type in ("Add", "Where"):
+        sides = (0, 1) if node.op_type == "Add" else (1, 2)
+        whys = []
+        for side in sides:
+            found = _scores(g, node.input[side], layer, factors, [*masks, node], depth + 1)
+            if found[0] is not None:
+                return found
+            whys.append(found[1])
+        return None, "; ".join(whys), None
+    return None, f"{g.name(node)} is neither a scale, a mask nor a cast", None
+
+
+# -- the rewrite --------------------------------------------------------------------------------------
+def rewrite(
+    model: onnx.ModelProto,
+    dec: DecoderGraph,
+    scales: list[float],
+    block: int = 64,
+    positions: dict[str, list[int]] | None = None,
+) -> onnx.ModelProto:
+    """``model`` with each layer's attention on the paged cache (see the module docstring); ``scales``
+    are the layers' attention scales.  ``positions`` maps the output of each position-table Slice
+    by the past length (``past_length_slices``, verified by the caller) to the axes to unsqueeze
+    after the Gather of the table at ``position_ids`` that replaces it (an input ``position_ids``
+    [batch, seq] is added when the model has none; ``dec.positions`` names it then).
+    UnsupportedError naming a node that still reads the past, a present K/V or the attention mask
+    afterwards."""
+    g = GraphIndex(model)
+    nodes = _attention_nodes(g, dec, scales, block)
+    nodes, extra_inits = _past_dims(nodes, dec)
+    if positions:
+        dec.positions = dec.positions or "position_ids"
+        nodes, inits = _gather_positions(nodes, dec.positions, positions)
+        extra_inits += inits
+    gone = {n for layer in dec.layers for n in (*layer.past.values(), *layer.present.values())}
+    if dec.mask:
+        gone.add(dec.mask)
+    keep = _live(nodes, dec.logits)
+    for node in keep:
+        bad = [x for x in node.input if x in gone]
+        if bad:
+            what = "the attention mask" if bad[0] == dec.mask else "the past K/V (or its length)"
+            raise g.refuse(
+                f"{g.name(node)} reads '{bad[0]}' outside the attention the paged cache replaces: it "
+                f"depends on {what}, which a paged decoder does not have (positions computed from the "
+                "past length are taken only as a Slice of a constant table: else export position_ids)"
+            )
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(keep)
+    out.graph.initializer.extend(extra_inits)
+    inputs = [vi for vi in model.graph.input if vi.name not in gone]
+    if dec.positions and all(vi.name != dec.positions for vi in inputs):
+        ids = next(vi for vi in inputs if vi.name == dec.ids)
+        pos = helper.make_tensor_value_info(dec.positions, onnx.TensorProto.INT64, None)
+        pos.type.tensor_type.shape.CopyFrom(ids.type.tensor_type.shape)
+        inputs.append(pos)
+    del out.graph.input[:]
+    out.graph.input.extend(inputs)
+    for name in KV_INPUTS:
+        out.graph.input.append(helper.make_tensor_value_info(name, onnx.TensorProto.INT32, [f"{name}_dim"]))
+    outputs = [o for o in model.graph.output if o.name == dec.logits]
+    del out.graph.output[:]
+    out.graph.output.extend(outputs)
+    del out.graph.value_info[:]
+    if not any(o.domain == DOMAIN for o in out.opset_import):
+        out.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return out
+
+
+def _attention_nodes(g: GraphIndex, dec: DecoderGraph, scales: list[float], block: int) -> list:
+    """The graph's nodes with each layer's Concat pair dropped and its V matmul replaced by the
+    KV stores and the paged attention."""
+    replaced = {id(layer.pv): layer for layer in dec.layers}
+    dropped = {id(layer.concat[k]) for layer in dec.layers for k in ("key", "value")}
+    nodes: list[onnx.NodeProto] = []
+    for node in g.graph.node:
+        if id(node) in dropped:
+            continue
+        layer = replaced.get(id(node))
+        if layer is None:
+            nodes.append(node)
+            continue
+        tag = f"mcpc_kv/layer{layer.index}"
+        for kind, short in (("key", "k"), ("value", "v")):
+            nodes.append(
+                helper.make_node(
+                    "KVStore", [layer.new[kind], "kv_slot"], [], name=f"{tag}/store_{short}", domain=DOMAIN,
+                    layer=layer.index, kind=short,
+                )
+            )  # fmt: skip
+        nodes.append(
+            helper.make_node(
+                "PagedAttention", [layer.q, "kv_gather", "kv_start", "kv_len"], [node.output[0]],
+                name=f"{tag}/attention", domain=DOMAIN, layer=layer.index, kv_heads=layer.kv_heads,
+                scale=float(scales[layer.index]), block_size=block,
+            )
+        )  # fmt: skip
+    return nodes
+
+
+def past_length_slices(model: onnx.ModelProto, dec: DecoderGraph) -> list[onnx.NodeProto]:
+    """The Slices of a constant table whose start is computed from a past input's shape, among the
+    nodes the rewritten graph still needs: candidates for positions ``past .. past + seq`` taken
+    from a table (RoPE cos/sin, learned positions).  The caller verifies what they compute."""
+    g = GraphIndex(model)
+    past = {n for layer in dec.layers for n in layer.past.values()}
+    keep = _live(_attention_nodes(g, dec, [1.0] * len(dec.layers), 64), dec.logits)
+    found = []
+    for node in keep:
+        if node.op_type != "Slice" or g.constant(node.input[0]) is None or len(node.input) < 3:
+            continue
+        if _shape_only(g, node.input[1], 0) and _reads_shape_of(g, node.input[1], past, 0):
+            found.append(node)
+    return found
+
+
+def _reads_shape_of(g: GraphIndex, name: str, inputs: set[str], depth: int) -> bool:
+    node = g.producer.get(name)
+    if node is None or depth > 24:
+        return False
+    if node.op_type == "Shape":
+        return node.input[0] in inputs
+    return any(_reads_shape_of(g, x, inputs, depth + 1) for x in node.input if x)
+
+
+def _past_dims(nodes, dec: DecoderGraph):
+    """Replace each Shape of a past input that leaves out its sequence axis (exporters read the
+    batch size there) by the same dims from ``input_ids`` (batch) and constants (heads, head_dim)."""
+    past = {n: layer for layer in dec.layers for n in layer.past.values()}
+    out, inits = [], []
+    for node in nodes:
+        layer = past.get(node.input[0]) if node.op_type == "Shape" and node.input else None
+        start, end = int(_attr(node, "start", 0)), _attr(node, "end", None)
+        axes = list(range(4))[start : None if end is None else int(end)]
+        if layer is None or 2 in axes or not axes:
+            out.append(node)
+            continue
+        parts = []
+        for axis in axes:
+            name = f"{node.output[0]}/mcpc_dim{axis}"
+            if axis == 0:
+                out.append(
+                    helper.make_node("Shape", [dec.ids], [name], name=f"{node.name}/batch", start=0, end=1)
+                )
+            else:
+                value = layer.kv_heads if axis == 1 else layer.head_dim
+                inits.append(numpy_helper.from_array(np.array([value], np.int64), name))
+            parts.append(name)
+        out.append(helper.make_node("Concat", parts, [node.output[0]], name=f"{node.name}/dims", axis=0))
+    return out, inits
+
+
+def _gather_positions(nodes, positions_input: str, positions: dict[str, list[int]]):
+    """Replace each Slice(table, past, past + seq) named in ``positions`` by Gather(table,
+    position_ids) [batch, seq, ...] unsqueezed at the given axes (so it broadcasts as before)."""
+    out, inits = [], []
+    for node in nodes:
+        axes = positions.get(node.output[0]) if node.op_type == "Slice" else None
+        if axes is None:
+            out.append(node)
+            continue
+        y = node.output[0]
+        gathered = f"{y}/mcpc_positions" if axes else y
+        out.append(
+            helper.make_node(
+                "Gather", [node.input[0], positions_input], [gathered], name=f"{node.name}/positions"
+            )
+        )
+        if axes:
+            axes_name = f"{y}/mcpc_axes"
+            inits.append(numpy_helper.from_array(np.array(axes, np.int64), axes_name))
+            out.append(
+                helper.make_node("Unsqueeze", [gathered, axes_name], [y], name=f"{node.name}/unsqueeze")
+            )
+    return out, inits
+
+
+def _live(nodes: list[onnx.NodeProto], output: str) -> list[onnx.NodeProto]:
+    """The nodes the output or a KV store needs, in order."""
+    need = {output}
+    keep = []
+    for node in reversed(nodes):
+        if node.domain == DOMAIN and node.op_type == "KVStore" or any(o in need for o in node.output):
+            keep.append(node)
+            need.update(x for x in node.input if x)
+    return keep[::-1]
