@@ -175,13 +175,38 @@ def _parse_sets(ctx, param, items) -> list[str]:
     metavar="C",
     help="Decoder build: tokens per sequence a prefill call takes (default min(64, N)).",
 )
+@click.option(
+    "--kv-quant",
+    type=click.Choice(["fp16", "int8"]),
+    default=None,
+    help="KV cache of a --max-seq build: fp16 (unquantized) or int8 (INT8_Asymmetric).",
+)
+@click.option(
+    "--kv-sparsity",
+    type=click.FloatRange(0, 1, max_open=True),
+    default=None,
+    metavar="RATIO",
+    help="KV cache of a --max-seq build: fraction of K/V dropped by the --kv-policy.",
+)
+@click.option(
+    "--kv-policy",
+    type=click.Choice(["none", "topk_magnitude", "topk_entropy", "heavy_hitter"]),
+    default=None,
+    help="KV cache of a --max-seq build: the sparsity policy.",
+)
 @click.version_option(__version__)
 def compile_command(model, target, qat_config, output, shapes, dims, passes, print_pipeline,
                     print_ir_after_all, time_passes, emit, overrides, report_json, calib, max_seq,
-                    max_batch, kv_blocks, prefill_chunk):  # fmt: skip
+                    max_batch, kv_blocks, prefill_chunk, kv_quant, kv_sparsity, kv_policy):  # fmt: skip
     """Compile an ONNX model for the MCP 2026 NPU."""
     from mcpc import driver
     from mcpc.passes import format_pipeline
+
+    if (kv_quant, kv_sparsity, kv_policy) != (None, None, None):  # merged into the config's kv_cache:
+        from mcpc.qat_configs.kv_cache import with_kv_flags
+
+        qat_config = with_kv_flags(driver.load_qat_config(qat_config), kv_quant, kv_sparsity, kv_policy,
+                                   max_seq)  # fmt: skip
 
     if print_pipeline:
         click.echo(format_pipeline(driver.resolve_passes(qat_config, passes)))

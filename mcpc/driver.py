@@ -188,6 +188,9 @@ def compile(  # noqa: A001 - the public API name (mcpc.compile) is part of the s
     if output is not None:
         _check_output_dir(output)
     config = load_qat_config(qat_config)
+    from mcpc.qat_configs.kv_cache import check_kv_cache_applies
+
+    check_kv_cache_applies(config, max_seq=None)  # a decoder build (--max-seq) passes its max_seq
     pipeline = resolve_passes(config, passes)
     calib_path = calibration_path(config, calib)
     tgt = load_target(target, overrides)

@@ -1,5 +1,6 @@
 """The ``quantization:`` section of a QAT config (schema v1, optional): weights, activations,
-calibration, per-layer overrides, sensitivity-driven precision and the KV cache.
+calibration, per-layer overrides and sensitivity-driven precision (the KV cache has its own
+top-level section, qat_configs/kv_cache.py).
 
 ::
 
@@ -10,11 +11,9 @@ calibration, per-layer overrides, sensitivity-driven precision and the KV cache.
       overrides:
         - {pattern: "*lm_head*", keep: true}               # this layer stays in the float build dtype
       sensitivity: {metric: rel_l2, thresholds: {int6: 2.0e-3, int8: 1.0e-2}}
-      kv_cache: {quant: fp16}
 
-Every key drives the build or is refused: ``check_implemented`` refuses the KV-cache settings that
-no pass honours yet (exit 4), and ``needs_calibration`` names the key that needs calibration data
-so the driver can refuse a build without it (exit 2).  The meaning of each key is in
+Every key drives the build or is refused: ``needs_calibration`` names the key that needs
+calibration data so the driver can refuse a build without it (exit 2).  The meaning of each key is in
 docs/qat-config.md; the pass that reads this section is ``mcpc.passes.quantize_weights``.
 """
 
@@ -158,44 +157,6 @@ class Sensitivity(_Section):
     samples: int = Field(default=8, ge=1)
 
 
-KV_QUANT = ("fp16", "int8")
-KV_POLICIES = ("none", "topk_magnitude", "topk_entropy", "heavy_hitter")
-
-
-class KvCache(_Section):
-    """The KV-cache settings (the decoder-build issue): ``quant`` (``fp16`` = FP16_Retain, the
-    activation dtype; ``int8`` = INT8_Asymmetric), ``max_error``, ``sparsity_ratio``, ``policy``,
-    per-layer ``layer_ratios``, the dynamic window.  Validated here; what no pass honours yet is
-    refused by ``check_implemented``."""
-
-    quant: Literal["fp16", "int8"] = "fp16"
-    max_error: float = Field(default=0.02, gt=0)
-    sparsity_ratio: float = Field(default=0.0, ge=0, lt=1)
-    policy: Literal["none", "topk_magnitude", "topk_entropy", "heavy_hitter"] = "none"
-    layer_ratios: list[float] | None = None
-    dynamic_window: bool = False
-    min_window: int = Field(default=64, ge=1)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> KvCache:
-        if (self.sparsity_ratio > 0 or self.layer_ratios) and self.policy == "none":
-            raise ValueError("a sparsity ratio needs a policy (topk_magnitude, topk_entropy, heavy_hitter)")
-        if self.layer_ratios is not None and any(not 0 <= r < 1 for r in self.layer_ratios):
-            raise ValueError(f"layer_ratios must lie in [0, 1), got {self.layer_ratios}")
-        return self
-
-    def unimplemented(self) -> list[str]:
-        """Keys set to something no pass honours yet (the KV cache is the activation dtype today)."""
-        out = []
-        defaults = KvCache()
-        for key in ("quant", "sparsity_ratio", "policy", "layer_ratios", "dynamic_window", "max_error"):
-            if getattr(self, key) != getattr(defaults, key):
-                out.append(f"kv_cache.{key}: {getattr(self, key)}")
-        if "min_window" in self.model_fields_set:
-            out.append(f"kv_cache.min_window: {self.min_window}")
-        return out
-
-
 class Quantization(_Section):
     """The whole ``quantization:`` section (see the module docstring)."""
 
@@ -204,7 +165,6 @@ class Quantization(_Section):
     calibration: Calibration = Calibration()
     overrides: list[Override] = []
     sensitivity: Sensitivity | None = None
-    kv_cache: KvCache | None = None
 
     @model_validator(mode="after")
     def _overrides_valid(self) -> Quantization:
@@ -228,8 +188,3 @@ class Quantization(_Section):
         if self.sensitivity is not None:
             return "quantization.sensitivity"
         return None
-
-    def unimplemented(self) -> list[str]:
-        """Keys no pass honours yet, as ``quantization.key: value``."""
-        kv = self.kv_cache.unimplemented() if self.kv_cache is not None else []
-        return [f"quantization.{k}" for k in kv]

@@ -10,9 +10,9 @@ A config file::
     check: {max_norm_err: 5.0e-2, min_cosine: 0.999, min_top1: 0.99}
 
 How it grows: each top-level section is one pydantic model, and ``QatConfig`` lists the sections.
-A new section (the quantization issue adds ``quantization:`` with ``weights: {bits, group_size,
-symmetric}``, ``activations``, ``calibration`` and ``kv_cache``) is a new model plus one *optional*
-field on ``QatConfig`` (default None = "not used"), so every v1 file stays valid.  Only an
+A new section (``quantization:``, qat_configs/quantization.py; ``kv_cache:``, qat_configs/kv_cache.py)
+is a new model plus one *optional* field on ``QatConfig`` (default None = "not used"), so every v1
+file stays valid.  Only an
 incompatible change bumps ``schema`` (add the number to ``SUPPORTED_SCHEMAS`` and migrate in
 ``_migrate``).  Every model forbids unknown keys, so a typo is an error naming the key, never a
 silently ignored setting.
@@ -21,6 +21,7 @@ silently ignored setting.
 from __future__ import annotations
 
 import importlib.resources
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +37,11 @@ from pydantic import (
 )
 
 from mcpc.arch.dtypes import DTYPE_NAMES
-from mcpc.errors import ConfigError, UnsupportedError, UsageError
+from mcpc.errors import ConfigError, UsageError
 from mcpc.passes.manager import parse_pipeline
 from mcpc.passes.precision_policy import ISLAND_KINDS, check_island_kinds
 from mcpc.passes.presets import PRESETS, resolve_pipeline
+from mcpc.qat_configs.kv_cache import KvCache, migrate_v1_quantization_kv_cache
 from mcpc.qat_configs.quantization import Quantization
 
 SUPPORTED_SCHEMAS = (1,)
@@ -118,6 +120,7 @@ class QatConfig(_Section):
     check: Check
     # Optional sections (None = not used); new ones go here.
     quantization: Quantization | None = None
+    kv_cache: KvCache | None = None
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
     _source: str = PrivateAttr(default="<config>")
@@ -150,7 +153,7 @@ class QatConfig(_Section):
     @classmethod
     def _migrate(cls, data: Any) -> Any:
         # Older schema versions would be rewritten to the current one here.
-        return data
+        return migrate_v1_quantization_kv_cache(data)
 
     def pipeline_text(self) -> str:
         """The pipeline as text: the preset's string when ``pipeline`` names a preset."""
@@ -183,6 +186,9 @@ def _unknown_key_hint(err: dict, model: type[BaseModel]) -> str:
         if field is None:
             return ""
         current = field.annotation
+        # an optional section (``Section | None``): the model inside
+        models = [a for a in typing.get_args(current) if isinstance(a, type) and issubclass(a, BaseModel)]
+        current = models[0] if len(models) == 1 else current
     if not (isinstance(current, type) and issubclass(current, BaseModel)):
         return ""
     keys = [f.alias or name for name, f in current.model_fields.items()]
@@ -212,7 +218,6 @@ def parse_config(text: str, source: str) -> QatConfig:
         raise ConfigError(f"{source}: " + "; ".join(parts)) from None
     _check_precision_is_built(config, source)
     config._source = source
-    check_implemented(config)
     return config
 
 
@@ -280,17 +285,6 @@ def _check_precision_is_built(config: QatConfig, source: str) -> None:
             f"{source}: {said}: the pipeline builds {built['weights']} weights and {built['activations']} "
             f"activations with f32 accumulation ({where}); {how}, so this config would compile another "
             "build than it asks"
-        )
-
-
-def check_implemented(config: QatConfig) -> None:
-    """Refuse (UnsupportedError, exit 4) keys that validate but that no pass honours yet."""
-    q = config.quantization
-    todo = q.unimplemented() if q is not None else []
-    if todo:
-        raise UnsupportedError(
-            f"{config.source}: {'; '.join(todo)}: not implemented yet (the KV cache is stored in the "
-            "activation dtype, uncompressed); remove the key(s) or leave them at their defaults"
         )
 
 

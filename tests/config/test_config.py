@@ -201,24 +201,3 @@ def test_precision_must_agree_with_quantization():
     assert "quantization: the pipeline 'fp32' has no quantize-weights pass" in msg
     no_section = VALID.replace('"fold-constants, dce"', "quant-fp32")
     assert "pipeline: quantize-weights needs a quantization: section" in _error(no_section)
-
-
-def test_kv_cache_keys_validate_and_unimplemented_ones_are_refused():
-    from mcpc.errors import UnsupportedError
-
-    ok = parse_config(QUANT + "  kv_cache: {quant: fp16}\n", "q.yaml")
-    assert ok.quantization.kv_cache.quant == "fp16"
-    assert "quantization.kv_cache.quant" in _error(QUANT + "  kv_cache: {quant: int4}\n")
-    assert "needs a policy" in _error(QUANT + "  kv_cache: {sparsity_ratio: 0.7}\n")
-    for extra, key in [
-        ("{quant: int8}", "kv_cache.quant: int8"),
-        ("{sparsity_ratio: 0.7, policy: heavy_hitter}", "kv_cache.sparsity_ratio: 0.7"),
-        ("{dynamic_window: true}", "kv_cache.dynamic_window: True"),
-    ]:
-        with pytest.raises(UnsupportedError) as info:
-            parse_config(QUANT + f"  kv_cache: {extra}\n", "q.yaml")
-        assert info.value.exit_code == 4
-        assert (
-            info.value.message.startswith(f"q.yaml: quantization.{key}")
-            and "not implemented yet" in info.value.message
-        )
