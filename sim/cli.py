@@ -233,3 +233,13 @@ def run_command(
     problem = numeric_message(result.profile["numeric"] or {})
     if strict and problem:
         raise NumericFault(f"{program}: {problem}")
+
+
+def _register_decoding() -> None:
+    from .cli_decode import eval_ppl_command, generate_command  # needs _Guarded above
+
+    sim_group.add_command(generate_command)
+    sim_group.add_command(eval_ppl_command)
+
+
+_register_decoding()

@@ -15,12 +15,20 @@ logits of the new tokens and the extended K/V.  Both naming conventions in use a
 
 ``model`` is a path or an ``OrtDecoder`` (make one to reuse its session across calls).  ONNX
 Runtime runs on the CPU with graph optimizations off (plain op-by-op semantics, as ``mcpc check``
-runs it).  numpy and onnxruntime only: the tests import it without the ``llm`` extra.
+runs it).  numpy and onnxruntime only: the tests import it without the ``llm`` extra.  As a
+command (the reference figures beside ``mcpc sim generate`` / ``mcpc sim eval-ppl``)::
+
+    .venv/bin/python tests/llm/ort_greedy.py MODEL.onnx --prompt-ids IDS.npy --max-new-tokens N
+    .venv/bin/python tests/llm/ort_greedy.py MODEL.onnx --tokens TOKENS.npy --window W [--prefill P]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import re
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -34,14 +42,23 @@ _INTS = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
 class OrtDecoder:
     """One ONNX Runtime session over a with-past decoder graph, its structure read from the graph.
 
-    ``kv_heads`` / ``head_dim`` are needed only when the past inputs leave those axes symbolic."""
+    ``kv_heads`` / ``head_dim`` are needed only when the past inputs leave those axes symbolic.
+    ``optimize`` turns on ONNX Runtime's basic graph optimizations (constant folding among them:
+    SmolLM2's steps get ~3x faster, its logits differ in the last bits); off by default."""
 
-    def __init__(self, path: str | Path, kv_heads: int | None = None, head_dim: int | None = None):
+    def __init__(
+        self,
+        path: str | Path,
+        kv_heads: int | None = None,
+        head_dim: int | None = None,
+        optimize: bool = False,
+    ):
         import onnxruntime as ort
 
         self.path = Path(path)
         opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        level = ort.GraphOptimizationLevel
+        opts.graph_optimization_level = level.ORT_ENABLE_BASIC if optimize else level.ORT_DISABLE_ALL
         opts.log_severity_level = 3
         self.session = ort.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
         ins = {i.name: i for i in self.session.get_inputs()}
@@ -73,10 +90,14 @@ class OrtDecoder:
             raise ValueError(f"{self.path}: cannot tell the logits among the outputs {rest}")
         if "input_ids" not in ins:
             raise ValueError(f"{self.path}: no input_ids input")
+        if ins["input_ids"].type not in _INTS:
+            raise ValueError(f"{self.path}: input_ids is {ins['input_ids'].type}, not int64 or int32")
         self.ids_dtype = _INTS[ins["input_ids"].type]
         self.has_mask = "attention_mask" in ins
         self.has_positions = "position_ids" in ins
         first = ins[self.past_names[0]]
+        if first.type not in _FLOATS:
+            raise ValueError(f"{self.path}: {first.name} is {first.type}, not float or float16")
         self.kv_dtype = _FLOATS[first.type]
         shape = first.shape
         self.kv_heads = shape[1] if isinstance(shape[1], int) else kv_heads
@@ -140,16 +161,20 @@ def greedy(
     return (tokens, margins) if return_margins else tokens
 
 
-def windows(tokens, window: int) -> np.ndarray:
+def windows(tokens, window: int | None) -> np.ndarray:
     """eval-ppl's windows: a 1-D array cut into ⌊n / window⌋ rows (the rest dropped), or a 2-D array
     taken as one window a row."""
     t = np.asarray(tokens)
     if t.ndim == 1:
+        if window is None or window < 2:
+            raise ValueError(f"1-D tokens need a window length of at least 2, got {window}")
         n = t.size // window
         if n == 0:
             raise ValueError(f"{t.size} tokens make no window of {window}")
         return t[: n * window].reshape(n, window)
     if t.ndim == 2:
+        if window is not None and window != t.shape[1]:
+            raise ValueError(f"tokens of shape {t.shape} are windows of {t.shape[1]}, not {window}")
         return t
     raise ValueError(f"tokens must be 1-D or 2-D, got shape {t.shape}")
 
@@ -176,9 +201,7 @@ def ort_nll(
     windows run together as rows of one call (default: all of them; rows are independent, so the
     result equals one window at a time up to ONNX Runtime's batched rounding)."""
     dec = _decoder(model)
-    w = windows(tokens, window) if window is not None or np.asarray(tokens).ndim == 2 else None
-    if w is None:
-        raise ValueError("1-D tokens need a window length")
+    w = windows(tokens, window)
     n, width = w.shape
     if not 1 <= prefill < width:
         raise ValueError(f"prefill {prefill} must be in [1, window {width})")
@@ -197,3 +220,48 @@ def ort_nll(
 def perplexity(nll: np.ndarray) -> float:
     """exp(mean NLL)."""
     return float(np.exp(np.mean(nll)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="ONNX Runtime greedy ids or perplexity of a with-past decoder")
+    ap.add_argument("model", type=Path, help="decoder ONNX graph with past")
+    ap.add_argument("--prompt-ids", type=Path, help=".npy of prompt ids, (n,) or (1, n)")
+    ap.add_argument("--max-new-tokens", type=int, default=20)
+    ap.add_argument("--tokens", type=Path, help=".npy of token ids: 1-D (cut into windows) or 2-D")
+    ap.add_argument("--window", type=int, help="window length (1-D tokens)")
+    ap.add_argument("--prefill", type=int, default=16)
+    ap.add_argument("--json", type=Path, help="write the result here")
+    opts = ap.parse_args(argv)
+    if (opts.prompt_ids is None) == (opts.tokens is None):
+        ap.error("give exactly one of --prompt-ids and --tokens")
+    try:
+        return _run(opts)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(opts: argparse.Namespace) -> int:
+    dec = OrtDecoder(opts.model)
+    t0 = time.perf_counter()
+    if opts.prompt_ids is not None:
+        ids, margins = greedy(dec, np.load(opts.prompt_ids), opts.max_new_tokens, return_margins=True)
+        result = {"generated_ids": ids, "min_top1_margin": min(margins)}
+        print(" ".join(map(str, ids)))
+    else:
+        nll = ort_nll(dec, np.load(opts.tokens), opts.window, opts.prefill)
+        result = {
+            "perplexity": perplexity(nll),
+            "window_perplexity": [perplexity(row) for row in nll],
+            "windows": nll.shape[0],
+            "predictions": int(nll.size),
+        }
+        print(f"perplexity {result['perplexity']:.4f} over {nll.shape[0]} windows x {nll.shape[1] + 1}")
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    if opts.json:
+        opts.json.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import OPTIONAL_EXTRA_SKIP
 from ort_greedy import OrtDecoder, greedy, ort_nll, perplexity, windows
 
 HERE = Path(__file__).parent
@@ -143,6 +144,10 @@ def test_ort_nll_refuses_a_prefill_outside_the_window():
         ort_nll(dec, np.zeros(40, np.int64), 20, prefill=20)
     with pytest.raises(ValueError, match="no window"):
         ort_nll(dec, np.zeros(10, np.int64), 20)
+    with pytest.raises(ValueError, match="need a window"):
+        ort_nll(dec, np.zeros(40, np.int64))
+    with pytest.raises(ValueError, match="not 16"):
+        ort_nll(dec, np.zeros((2, 20), np.int64), 16)
 
 
 def test_reference_reads_the_torch_fixture_naming():
@@ -162,3 +167,61 @@ def test_reference_reads_the_torch_fixture_naming():
 def test_reference_refuses_a_graph_without_past():
     with pytest.raises(ValueError, match="no past_key_values"):
         OrtDecoder(TORCH_KV.with_name("gpt-torchscript-op17.onnx"))
+
+
+@pytest.mark.slow
+def test_make_decoders_reproduces_the_committed_record(tmp_path):
+    """Re-running the script (the ``llm`` extra) writes graphs with the same interface and the
+    same greedy continuations as the committed ones."""
+    import importlib.util
+
+    from export_smollm2 import EXTRA_MODULES
+
+    absent = [m for m in EXTRA_MODULES[:2] if importlib.util.find_spec(m) is None]
+    if absent:
+        pytest.skip(f"{OPTIONAL_EXTRA_SKIP}: llm (missing {', '.join(absent)}; make llm-models)")
+    import make_decoders
+
+    assert make_decoders.main(["--out", str(tmp_path)]) == 0
+    made = json.loads((tmp_path / "decoders.json").read_text())
+    for fam in FAMILIES:
+        want, got = MANIFEST["models"][fam], made["models"][fam]
+        assert {k: got[k] for k in ("prompt", "greedy", "q_heads", "kv_heads", "head_dim", "vocab")} == {
+            k: want[k] for k in ("prompt", "greedy", "q_heads", "kv_heads", "head_dim", "vocab")
+        }
+        assert got["min_margin"] == pytest.approx(want["min_margin"], abs=1e-3)
+        assert greedy(OrtDecoder(tmp_path / got["file"]), want["prompt"], 24) == want["greedy"]
+
+
+@pytest.mark.slow
+def test_decode_step_of_each_fixture_passes_check_as_a_single_graph_build(fixture, tmp_path):
+    """Today's single-graph build of one decode step (batch 2, past 7 from the reference's own
+    prefill) agrees with ONNX Runtime: the fixtures import and compile as exported."""
+    import subprocess
+    import sys
+
+    meta, dec = fixture
+    ids = np.random.default_rng(3).integers(0, meta["vocab"], (2, 8))
+    _, past = dec.run(ids[:, :7], None, 0)
+    feeds = {
+        "input_ids": ids[:, 7:],
+        "attention_mask": np.ones((2, 8), np.int64),
+        "position_ids": np.full((2, 1), 7, np.int64),
+        **dict(zip(dec.past_names, past, strict=True)),
+    }
+    np.savez(tmp_path / "step.npz", **feeds)
+    model, prog = DECODERS / meta["file"], tmp_path / "step.mcpb"
+    binary = Path(sys.executable).parent
+    dims = ["--dim", "batch=2", "--dim", "seq=1", "--dim", "past_seq=7", "--dim", "total_seq=8"]
+    done = subprocess.run(
+        [str(binary / "mcp-compile"), "-t", "mcp2026-a100", "-c", "fp32", *dims, "-o", str(prog), str(model)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    report = tmp_path / "check.json"
+    args = ["check", str(model), str(prog), "--inputs", str(tmp_path / "step.npz"), "--json", str(report)]
+    done = subprocess.run([str(binary / "mcpc"), *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    logits = next(o for o in json.loads(report.read_text())["outputs"] if o["name"] == "logits")
+    assert logits["top1"] == 1.0 and logits["norm_max_err"] <= 1e-5
