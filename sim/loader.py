@@ -139,9 +139,10 @@ class LoadedProgram:
         return keep, untimed
 
     def session_recs(self) -> list[tuple]:
-        """``recs`` with every register-offset ``store`` confined to the memory-map region holding
-        its base address: one that would write outside it faults (a ``Session`` keeps DRAM from
-        run to run, so a stray store must not reach the constants or another buffer)."""
+        """``recs`` with every register-offset ``store`` (or ``scatter``, its whole table) confined
+        to the memory-map region holding its base address: one that would write outside it faults
+        (a ``Session`` keeps DRAM from run to run, so a stray store must not reach the constants or
+        another buffer)."""
         if self._session_recs is None:
             self._session_recs = self.confine_stores(self.recs)
         return self._session_recs
@@ -157,18 +158,19 @@ class LoadedProgram:
             ]
             self._register_stores = []
             for idx, name in enumerate(self.mnemonics):
-                if name == "store":
+                if name in ("store", "scatter"):
                     f = self.instr(idx).fields
                     if f["dram_reg"]:
-                        span = (f["rows"] - 1) * f["dram_stride"] + f["row_bytes"] if f["rows"] else 0
+                        n = f["rows"] if name == "store" else f["limit"]  # a scatter: its whole table
+                        span = (n - 1) * f["dram_stride"] + f["row_bytes"] if n else 0
                         home = next((r for r in regions if r[0] <= f["dram"] < r[1]), None)
                         lo, hi, what = home or (0, 0, "<none>")
                         self._register_stores.append((idx, (f["dram"], span, f["dram_reg"], lo, hi, what)))
         recs = list(recs)
         for idx, where in self._register_stores:
-            recs[idx] = (
-                recs[idx][:3] + (_confined_store, (recs[idx][3], recs[idx][4], *where)) + recs[idx][5:]
-            )
+            r = recs[idx]
+            cell = r[4][-1] if r[5] < 0 else None  # a run-time count: the event loop reads its cost last
+            recs[idx] = r[:3] + (_confined_store, (r[3], r[4], *where, cell)) + r[5:]
         return recs
 
     @property
@@ -241,7 +243,7 @@ def _untimed(m, x) -> None:
 
 
 def _confined_store(m, x) -> None:
-    fn, args, base, span, reg, lo, hi, what = x
+    fn, args, base, span, reg, lo, hi, what, _ = x
     addr = base + m.regs[reg]
     if addr < lo or addr + span > hi:
         raise Fault(
