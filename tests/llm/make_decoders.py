@@ -149,39 +149,36 @@ def build_model(family: str):
     return model
 
 
-class _WithPast:
+def with_past(model):
     """A torch module around the model: (input_ids, attention_mask, position_ids, *past) ->
     (logits, *present), past and present flat as layer 0 key, layer 0 value, layer 1 key, ..."""
+    import torch
+    from transformers import DynamicCache
 
-    @staticmethod
-    def make(model):
-        import torch
-        from transformers import DynamicCache
+    layers = model.config.num_hidden_layers
 
-        layers = model.config.num_hidden_layers
+    class WithPast(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
 
-        class WithPast(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.model = model
+        def forward(self, input_ids, attention_mask, position_ids, *past):
+            cache = DynamicCache(config=model.config)
+            for i in range(layers):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            flat = []
+            for layer in out.past_key_values.layers[:layers]:
+                flat += [layer.keys, layer.values]
+            return (out.logits, *flat)
 
-            def forward(self, input_ids, attention_mask, position_ids, *past):
-                cache = DynamicCache(config=model.config)
-                for i in range(layers):
-                    cache.update(past[2 * i], past[2 * i + 1], i)
-                out = self.model(
-                    input_ids=input_ids,
-                    attention_mask=attention_mask,
-                    position_ids=position_ids,
-                    past_key_values=cache,
-                    use_cache=True,
-                )
-                flat = []
-                for i in range(layers):
-                    flat += [out.past_key_values.layers[i].keys, out.past_key_values.layers[i].values]
-                return (out.logits, *flat)
-
-        return WithPast().eval()
+    return WithPast().eval()
 
 
 def kv_names(layers: int, prefix: str) -> list[str]:
@@ -213,7 +210,7 @@ def export(model, path: Path) -> None:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # tracer warnings about Python control flow on shapes
             torch.onnx.export(
-                _WithPast.make(model),
+                with_past(model),
                 (ids, mask, pos, *kv),
                 tmp,
                 input_names=["input_ids", "attention_mask", "position_ids", *past],
@@ -294,7 +291,7 @@ def check(model, path: Path, prompt: list[int], want: list[int]) -> dict[str, fl
     import torch
 
     d = dims(model.config)
-    wrapped = _WithPast.make(model)
+    wrapped = with_past(model)
     dec = OrtDecoder(path)
     errors = {}
     ids, mask, pos, kv = example_inputs(d, 2, 5, 0, seed=1)
