@@ -1,0 +1,133 @@
+"""A decoder build with a compressed KV cache (``kv_cache:`` / ``--kv-quant``, ``--kv-sparsity``,
+``--kv-policy``): META["decoder"]["kv_quant"], the stored blocks of ``DecoderSession``
+(sim/kv_store.py), their bytes, their accuracy cost and their CRC-8 on the simulator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from decoder_models import make_decoder
+
+import mcpc
+from mcpc import driver
+from mcpc.errors import EXIT_SIM_TRAP
+from mcpc.ir.decoder_import import DecoderBuild
+from mcpc.kv import KvSettings
+from mcpc.kv.codec import KVBlockCorrupt
+from mcpc.qat_configs.kv_cache import with_kv_flags
+from mcpc.sim.decoder import DecoderSession
+
+DECODERS = Path(__file__).parents[1] / "llm" / "decoders"
+LLAMA = json.loads((DECODERS / "decoders.json").read_text())["models"]["llama"]
+BUILD = DecoderBuild(max_seq=128, prefill_chunk=16)
+
+
+def _build(model, quant=None, ratio=None, policy=None, config="fp16"):
+    cfg = driver.load_qat_config(config)
+    if (quant, ratio, policy) != (None, None, None):
+        cfg = with_kv_flags(cfg, quant, ratio, policy, BUILD.max_seq)
+    return mcpc.compile(model, qat_config=cfg, decoder=BUILD)
+
+
+@pytest.fixture(scope="module")
+def llama_builds():
+    path = str(DECODERS / LLAMA["file"])
+    return {
+        "fp16": _build(path),
+        "int8": _build(path, "int8"),
+        "heavy_hitter": _build(path, "int8", 0.7, "heavy_hitter"),
+        "topk_magnitude": _build(path, "int8", 0.7, "topk_magnitude"),
+    }
+
+
+TOKENS = np.random.default_rng(0).integers(0, LLAMA["vocab"], 2 * 100)
+
+
+@pytest.fixture(scope="module")
+def llama_runs(llama_builds):
+    out = {}
+    for name, built in llama_builds.items():
+        gen = DecoderSession(built).generate(LLAMA["prompt"], 24)
+        ppl = DecoderSession(built).eval_ppl(TOKENS, window=100)
+        out[name] = gen, ppl
+    return out
+
+
+def test_meta_carries_the_kv_settings(llama_builds):
+    assert llama_builds["fp16"].report["decoder"]["kv_quant"] is None
+    got = KvSettings.from_json(llama_builds["heavy_hitter"].report["decoder"]["kv_quant"])
+    assert (got.quant, got.policy, got.sparsity_ratio) == ("int8", "heavy_hitter", 0.7)
+    assert llama_builds["int8"].report["decoder"]["kv_dtype"] == "f16"  # the view the program reads
+
+
+def test_int8_kv_keeps_tokens_and_perplexity(llama_runs):
+    gen16, ppl16 = llama_runs["fp16"]
+    gen8, ppl8 = llama_runs["int8"]
+    same = sum(a == b for a, b in zip(gen16["generated_ids"], gen8["generated_ids"], strict=True))
+    assert same >= 22, (gen16["generated_ids"], gen8["generated_ids"])
+    assert abs(ppl8["perplexity"] / ppl16["perplexity"] - 1) < 0.01
+    assert ppl8["perplexity"] != ppl16["perplexity"]  # the decode steps did read the rounded K/V
+    store = ppl8["kv_store"]
+    assert store["stored_blocks"] == 2 and store["fp16_retained_head_blocks"] == 0
+
+
+def test_int8_kv_bytes_follow_the_stored_blocks(llama_runs):
+    """A window of 100 holds 99 positions: the fp16 cache counts its two reserved blocks, the INT8
+    cache what it stored: per layer, K|V and head, a block of 64 rows and one of 35, each a 4-byte
+    header, one tile byte, per row 16 codes + fp16 scale + u8 zero point, and the CRC."""
+    ppl16, ppl8 = llama_runs["fp16"][1], llama_runs["int8"][1]
+    head_blocks = 2 * 2 * 2  # layers x (K, V) x kv_heads
+    assert ppl16["kv_bytes"] == 2 * head_blocks * 64 * 16 * 2
+    assert ppl8["kv_bytes"] == head_blocks * sum(4 + 1 + 19 * rows + 1 for rows in (64, 35))
+    assert ppl8["roofline_us_per_token"] < ppl16["roofline_us_per_token"]  # fewer KV bytes in use
+
+
+def test_int8_kv_bytes_are_185x_smaller_at_head_dim_64(tmp_path):
+    model = tmp_path / "d64.onnx"
+    onnx.save(make_decoder(layers=1, q_heads=2, kv_heads=1, head_dim=64, vocab=48, seed=3), model)
+    toks = np.random.default_rng(1).integers(0, 48, 128)
+    reports = {q: DecoderSession(_build(str(model), q)).eval_ppl(toks, window=128) for q in ("fp16", "int8")}
+    assert reports["fp16"]["kv_bytes"] / reports["int8"]["kv_bytes"] >= 1.85
+    assert abs(reports["int8"]["perplexity"] / reports["fp16"]["perplexity"] - 1) < 0.01
+
+
+def test_sparsity_stores_fewer_bytes_and_its_cost_is_measured(llama_runs):
+    ppl8 = llama_runs["int8"][1]
+    for policy in ("heavy_hitter", "topk_magnitude"):
+        sparse = llama_runs[policy][1]
+        assert sparse["kv_bytes"] < 0.8 * ppl8["kv_bytes"]
+        assert sparse["perplexity"] != ppl8["perplexity"]  # the dropped values are gone when read
+        assert sparse["kv_store"]["settings"]["policy"] == policy
+
+
+def test_a_flipped_bit_in_a_stored_block_is_a_trap_naming_it(llama_builds):
+    dec = DecoderSession(llama_builds["int8"])
+    seq, _ = dec.new_sequence()
+    prompt = [int(t) for t in TOKENS[:64]]
+    dec.prefill([(seq, prompt)])  # block 0 full: stored with its CRC
+    block = dec.kv.block_table(seq)[0]
+    data = dec.compressed.blocks[block].data[1, "v", 0]
+    data[len(data) // 2] ^= 0x10
+    with pytest.raises(KVBlockCorrupt) as info:
+        dec.decode([seq], [1])
+    assert info.value.exit_code == EXIT_SIM_TRAP
+    assert f"KV block {block} (layer 1 V head 0)" in info.value.message and "not used" in info.value.message
+
+
+def test_mcp_compile_kv_flags_make_a_compressing_build(tmp_path):
+    from mcpc.cli import compile_command
+
+    out = tmp_path / "d.mcpb"
+    res = CliRunner().invoke(compile_command, [str(DECODERS / LLAMA["file"]), "--max-seq", "64",
+                                               "--kv-quant", "int8", "--kv-sparsity", "0.5", "--kv-policy",
+                                               "topk_magnitude", "-o", str(out)])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    from mcpc.sim.loader import load_program
+
+    meta = load_program(out).program.meta["decoder"]["kv_quant"]
+    assert (meta["quant"], meta["policy"], meta["sparsity_ratio"]) == ("int8", "topk_magnitude", 0.5)
