@@ -131,3 +131,31 @@ def test_mcp_compile_kv_flags_make_a_compressing_build(tmp_path):
 
     meta = load_program(out).program.meta["decoder"]["kv_quant"]
     assert (meta["quant"], meta["policy"], meta["sparsity_ratio"]) == ("int8", "topk_magnitude", 0.5)
+
+
+def test_timing_only_runs_charge_the_nominal_stored_sizes(llama_builds):
+    """No values to compress: the sizes are nominal_block_bytes, exact for dense INT8 blocks."""
+    prompt = [int(t) for t in TOKENS[:80]]
+    sizes = []
+    for timing_only in (False, True):
+        dec = DecoderSession(llama_builds["int8"], timing_only=timing_only)
+        seq, _ = dec.new_sequence()
+        dec.prefill([(seq, prompt)])
+        dec.decode([seq], [1])
+        sizes.append([dec.kv.block_bytes(b) for b in dec.kv.block_table(seq)])
+    assert sizes[0] == sizes[1] == [8 * (6 + 19 * 64), 8 * (6 + 19 * 17)]
+
+
+def test_sim_eval_ppl_reports_the_stored_cache(llama_builds, tmp_path):
+    from mcpc.arch.mcpb import write_mcpb
+    from mcpc.sim.cli import sim_group
+
+    prog, toks = tmp_path / "d.mcpb", tmp_path / "t.npy"
+    write_mcpb(prog, llama_builds["heavy_hitter"].program)
+    np.save(toks, TOKENS[:100])
+    res = CliRunner().invoke(sim_group, ["eval-ppl", str(prog), "--tokens", str(toks), "--window", "100",
+                                         "--json", str(tmp_path / "r.json")])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "KV stored as        int8, heavy_hitter dropping 0.7: 1 full blocks stored" in res.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["kv_store"]["settings"]["policy"] == "heavy_hitter" and report["kv_bytes"] > 0
