@@ -53,7 +53,12 @@ def _greedy(built, prompt: list[int], new: int) -> tuple[list[int], list[int]]:
 
 @pytest.mark.parametrize(
     ("family", "config"),
-    [("llama", "fp32"), ("qwen2", "fp32"), ("gpt2", "fp32"), ("llama", "fp16")],
+    [
+        ("llama", "fp32"),
+        pytest.param("qwen2", "fp32", marks=pytest.mark.slow),
+        pytest.param("gpt2", "fp32", marks=pytest.mark.slow),
+        pytest.param("llama", "fp16", marks=pytest.mark.slow),
+    ],
 )
 def test_small_decoders_generate_onnx_runtimes_tokens_on_the_simulator(family, config):
     record = RECORDS[family]
