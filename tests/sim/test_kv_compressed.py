@@ -203,3 +203,30 @@ def test_interpreter_and_simulator_are_bit_exact_with_a_stored_cache(llama_build
     np.testing.assert_array_equal(logits[0], logits[1])
     blocks = [sim.compressed.blocks[b].data for b in sim.kv.block_table(0)]
     assert blocks == [ref.compressed.blocks[b].data for b in ref.kv.block_table(0)]
+
+
+def test_a_corrupt_block_under_sim_generate_exits_5_naming_it(llama_builds, tmp_path, monkeypatch):
+    """A bit flipped in the stored bytes as they are read (the fault model of DRAM): the CLI reports
+    the trap in one paragraph with the simulator's exit code, no traceback, no tokens."""
+    import mcpc.sim.kv_store as kv_store
+    from mcpc.arch.mcpb import write_mcpb
+    from mcpc.sim.cli import sim_group
+
+    real = kv_store.load_kv_block
+
+    def flipped(data, out=None, block="?"):
+        if isinstance(data, bytes):  # the bytes read back before a call (not the StoredBlock just made)
+            data = bytearray(data)
+            data[5] ^= 0x01
+            data = bytes(data)
+        return real(data, out, block)
+
+    monkeypatch.setattr(kv_store, "load_kv_block", flipped)
+    prog, ids = tmp_path / "d.mcpb", tmp_path / "ids.npy"
+    write_mcpb(prog, llama_builds["int8"].program)
+    np.save(ids, TOKENS[:70])
+    res = CliRunner().invoke(
+        sim_group, ["generate", str(prog), "--prompt-ids", str(ids), "--max-new-tokens", "4"]
+    )
+    assert res.exit_code == EXIT_SIM_TRAP, res.output
+    assert "KV block 0 (layer 0 K head 0)" in res.output and "Traceback" not in res.output
