@@ -189,7 +189,9 @@ class DecoderSession:
     ``timing_only``: calls compute no values (cycles only; logits come back as None): for cost
     measurements, never for generate/eval_ppl.  ``bytes_per_block``: a block's bytes in NPU memory
     (an int or ``f(block_id)``; default ``block_bytes(meta)``); ``kv.set_block_bytes`` records a
-    compressed block's own size.
+    compressed block's own size.  A build whose META ``kv_quant`` compresses the cache stores its
+    blocks through ``compressed`` (sim/kv_store.py, docs/kv-cache.md): sizes are the stored bytes,
+    and ``bytes_per_block`` is refused.
     """
 
     def __init__(
@@ -211,14 +213,21 @@ class DecoderSession:
         self.source = loaded.source
         self.timing_only = timing_only
         self.compressed = None  # the stored blocks of a compressing build (sim/kv_store.py)
-        if self.meta.kv_quant is not None and bytes_per_block is None:
+        if self.meta.kv_quant is not None and "quant" in self.meta.kv_quant:
             from mcpc.kv import KvSettings
 
             from .kv_store import CompressedKV
 
-            self.compressed = CompressedKV(
-                KvSettings.from_json(self.meta.kv_quant), self.meta, self.session, timing_only
-            )
+            if bytes_per_block is not None:
+                raise UsageError(
+                    f"{self.source}: the build stores its KV cache compressed (META decoder.kv_quant): a "
+                    "block's bytes are what was stored in it, so bytes_per_block cannot be given"
+                )
+            try:
+                settings = KvSettings.from_json(self.meta.kv_quant)
+            except (TypeError, ValueError) as exc:
+                raise InputError(f"{self.source}: META decoder.kv_quant is malformed ({exc})") from None
+            self.compressed = CompressedKV(settings, self.meta, self.session, timing_only)
             bytes_per_block = 0  # a block holds what was stored in it: set after each call
         self.kv = KVManager(
             self.meta.kv_blocks,

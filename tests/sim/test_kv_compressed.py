@@ -230,3 +230,10 @@ def test_a_corrupt_block_under_sim_generate_exits_5_naming_it(llama_builds, tmp_
     )
     assert res.exit_code == EXIT_SIM_TRAP, res.output
     assert "KV block 0 (layer 0 K head 0)" in res.output and "Traceback" not in res.output
+
+
+def test_a_compressing_build_refuses_a_fixed_block_size(llama_builds):
+    from mcpc.errors import UsageError
+
+    with pytest.raises(UsageError, match="stores its KV cache compressed"):
+        DecoderSession(llama_builds["int8"], bytes_per_block=100)
