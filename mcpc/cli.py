@@ -147,6 +147,25 @@ def _parse_sets(ctx, param, items) -> list[str]:
     help="Calibration data for a quantizing config (arrays named like the inputs, batch axis leading).",
 )
 @click.option(
+    "--kv-quant",
+    type=click.Choice(["fp16", "int8"]),
+    default=None,
+    help="KV cache of a --max-seq build: fp16 (unquantized) or int8 (INT8_Asymmetric).",
+)
+@click.option(
+    "--kv-sparsity",
+    type=click.FloatRange(0, 1, max_open=True),
+    default=None,
+    metavar="RATIO",
+    help="KV cache of a --max-seq build: fraction of K/V dropped by the --kv-policy.",
+)
+@click.option(
+    "--kv-policy",
+    type=click.Choice(["none", "topk_magnitude", "topk_entropy", "heavy_hitter"]),
+    default=None,
+    help="KV cache of a --max-seq build: the sparsity policy.",
+)
+@click.option(
     "--max-seq",
     type=click.IntRange(min=1),
     default=None,
@@ -174,25 +193,6 @@ def _parse_sets(ctx, param, items) -> list[str]:
     default=None,
     metavar="C",
     help="Decoder build: tokens per sequence a prefill call takes (default min(64, N)).",
-)
-@click.option(
-    "--kv-quant",
-    type=click.Choice(["fp16", "int8"]),
-    default=None,
-    help="KV cache of a --max-seq build: fp16 (unquantized) or int8 (INT8_Asymmetric).",
-)
-@click.option(
-    "--kv-sparsity",
-    type=click.FloatRange(0, 1, max_open=True),
-    default=None,
-    metavar="RATIO",
-    help="KV cache of a --max-seq build: fraction of K/V dropped by the --kv-policy.",
-)
-@click.option(
-    "--kv-policy",
-    type=click.Choice(["none", "topk_magnitude", "topk_entropy", "heavy_hitter"]),
-    default=None,
-    help="KV cache of a --max-seq build: the sparsity policy.",
 )
 @click.version_option(__version__)
 def compile_command(model, target, qat_config, output, shapes, dims, passes, print_pipeline,

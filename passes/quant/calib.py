@@ -14,10 +14,16 @@ import numpy as np
 class InputStats:
     """Running ``sum x^T x``, ``sum |x|`` and the row count for one layer input of width K."""
 
+    # Rows are buffered and folded into the f64 sums this many at a time: a calibration batch of a
+    # few dozen tokens would otherwise pay the (K, K) f64 accumulation for every batch.
+    FLUSH_ROWS = 2048
+
     def __init__(self, k: int):
         self.k = int(k)
         self._xtx = np.zeros((self.k, self.k), np.float64)
         self._abs = np.zeros(self.k, np.float64)
+        self._pending: list[np.ndarray] = []
+        self._pending_rows = 0
         self.rows = 0
 
     @classmethod
@@ -39,13 +45,25 @@ class InputStats:
         x = x.reshape(-1, self.k)
         if not np.all(np.isfinite(x)):
             raise ValueError("calibration inputs hold NaN or infinity")
+        self._pending.append(x)
+        self._pending_rows += x.shape[0]
+        self.rows += x.shape[0]
+        if self._pending_rows >= self.FLUSH_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Fold the buffered rows into the sums (one f32 product of all of them, added in f64)."""
+        if not self._pending:
+            return
+        x = self._pending[0] if len(self._pending) == 1 else np.concatenate(self._pending)
+        self._pending, self._pending_rows = [], 0
         self._xtx += (x.T @ x).astype(np.float64)
         self._abs += np.abs(x).sum(axis=0, dtype=np.float64)
-        self.rows += x.shape[0]
 
     def _need_rows(self):
         if self.rows == 0:
             raise ValueError("no calibration inputs were seen for this layer")
+        self._flush()
 
     @property
     def hessian(self) -> np.ndarray:

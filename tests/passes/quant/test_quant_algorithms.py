@@ -227,3 +227,21 @@ def test_data_aware_results_are_well_formed(spec, k, n, desc_act, seed):
     assert np.all(np.abs(m.dequantize() - w) <= (2**spec.bits) * se + 1e-6)
     _, s = quantize_awq(w, x, spec)
     assert s.shape == (k,) and np.all(s > 0) and np.all(np.isfinite(s))
+
+
+def test_input_stats_buffer_small_batches_and_flush_on_read():
+    """Many small updates (buffered, folded in FLUSH_ROWS at a time) give the statistics of one big
+    update; reading them mid-way flushes and later updates keep accumulating."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((5000, 24)).astype(np.float32)
+    whole = InputStats.of(x)
+    parts = InputStats(24)
+    for i in range(0, 3000, 50):
+        parts.update(x[i : i + 50])
+    mid = parts.hessian.copy()
+    np.testing.assert_allclose(mid, InputStats.of(x[:3000]).hessian, rtol=1e-5, atol=1e-6)
+    for i in range(3000, 5000, 50):
+        parts.update(x[i : i + 50])
+    assert parts.rows == whole.rows == 5000
+    np.testing.assert_allclose(parts.hessian, whole.hessian, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(parts.mean_abs, whole.mean_abs, rtol=1e-6)
