@@ -73,6 +73,7 @@ llm-models: $(STAMP)
 # `make bench BENCH_ARGS=--quick` for the one-minute run; results in bench/results.{json,md}.
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+	$(BIN)/python bench/kv_table.py --markdown bench/kv_table.md
 
 # Quantization accuracy on MiniLM-L3 (docs/quant-eval.md): every shipped quantization config against
 # ONNX Runtime fp32 and ONNX Runtime's 4-bit quantizer, on the committed English sentences.

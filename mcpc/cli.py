@@ -273,6 +273,10 @@ def _decoder_line(report) -> str:
         f"decoder: prefill {d['max_batch']}x{d['prefill_chunk']} + decode {d['max_batch']}x1 rows, "
         f"{d['layers']} layers, KV cache {d['kv_blocks']} blocks of {d['block']} tokens in {d['kv_dtype']}"
     )
+    kv = d.get("kv_quant")
+    if kv:  # stored by the host as mcpc.kv blocks (docs/kv-cache.md, "In a decoder build")
+        policy = "" if kv["policy"] == "none" else f" + {kv['policy']} dropping {kv['sparsity_ratio']:g}"
+        line += f", stored as {kv['quant']}{policy}"
     checks = report.get("decoder_check") or []
     for check, what in zip(checks, ("imported", "built"), strict=False):
         err = check["errors"].get("logits", 0.0)

@@ -190,7 +190,7 @@ def compile(  # noqa: A001 - the public API name (mcpc.compile) is part of the s
     config = load_qat_config(qat_config)
     from mcpc.qat_configs.kv_cache import check_kv_cache_applies
 
-    check_kv_cache_applies(config, max_seq=None)  # a decoder build (--max-seq) passes its max_seq
+    check_kv_cache_applies(config, max_seq=None if decoder is None else decoder.max_seq)
     pipeline = resolve_passes(config, passes)
     calib_path = calibration_path(config, calib)
     tgt = load_target(target, overrides)
@@ -308,6 +308,10 @@ def _check_decoder(built, module, config) -> dict:
     built.checks.append(record)
     info = dict(built.decoder)
     info["kv_dtype"] = module.globals["kv_k_0"].type.dtype.name
+    from mcpc.qat_configs.kv_cache import kv_settings
+
+    settings = kv_settings(config, info["layers"])  # how the host stores the cache (docs/kv-cache.md)
+    info["kv_quant"] = settings.to_json() if settings is not None and settings.compresses else None
     return info
 
 

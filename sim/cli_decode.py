@@ -90,6 +90,15 @@ def _print_timing(console, r: dict) -> None:
         "" if r["kv_bytes"] == r["kv_bytes_unshared"] else f" ({r['kv_bytes_unshared']:,} without sharing)"
     )
     console.print(f"KV bytes (peak)     {r['kv_bytes']:,}{shared}")
+    store = r.get("kv_store")
+    if store:
+        k = store["settings"]
+        policy = "" if k["policy"] == "none" else f", {k['policy']} dropping {k['sparsity_ratio']:g}"
+        console.print(
+            f"KV stored as        {k['quant']}{policy}: {store['stored_blocks']} full blocks stored, "
+            f"{store['fp16_retained_head_blocks']} head blocks kept unquantized by the error check "
+            f"(quant_tol {k['quant_tol']:g})"
+        )
 
 
 @click.command("generate", cls=_Guarded)

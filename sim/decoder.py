@@ -189,7 +189,9 @@ class DecoderSession:
     ``timing_only``: calls compute no values (cycles only; logits come back as None): for cost
     measurements, never for generate/eval_ppl.  ``bytes_per_block``: a block's bytes in NPU memory
     (an int or ``f(block_id)``; default ``block_bytes(meta)``); ``kv.set_block_bytes`` records a
-    compressed block's own size.
+    compressed block's own size.  A build whose META ``kv_quant`` compresses the cache stores its
+    blocks through ``compressed`` (sim/kv_store.py, docs/kv-cache.md): sizes are the stored bytes,
+    and ``bytes_per_block`` is refused.
     """
 
     def __init__(
@@ -210,6 +212,23 @@ class DecoderSession:
         self.target = loaded.target
         self.source = loaded.source
         self.timing_only = timing_only
+        self.compressed = None  # the stored blocks of a compressing build (sim/kv_store.py)
+        if self.meta.kv_quant is not None and "quant" in self.meta.kv_quant:
+            from mcpc.kv import KvSettings
+
+            from .kv_store import CompressedKV
+
+            if bytes_per_block is not None:
+                raise UsageError(
+                    f"{self.source}: the build stores its KV cache compressed (META decoder.kv_quant): a "
+                    "block's bytes are what was stored in it, so bytes_per_block cannot be given"
+                )
+            try:
+                settings = KvSettings.from_json(self.meta.kv_quant)
+            except (TypeError, ValueError) as exc:
+                raise InputError(f"{self.source}: META decoder.kv_quant is malformed ({exc})") from None
+            self.compressed = CompressedKV(settings, self.meta, self.session, timing_only)
+            bytes_per_block = 0  # a block holds what was stored in it: set after each call
         self.kv = KVManager(
             self.meta.kv_blocks,
             self.meta.block,
@@ -217,6 +236,7 @@ class DecoderSession:
             max_tokens=self.meta.max_seq,
             prefix_sharing=prefix_sharing,
         )
+        self._peak = self._peak_unshared = 0  # a compressing build's peaks, after each call's stores
         self.weight_bytes = len(loaded.program.constants)
         self.bytes_per_us = self.target.dram.bandwidth_gbps * 1e3
         self.steps: list[dict] = []  # one record per call: entry, cycles, sequences, kv_bytes
@@ -241,9 +261,13 @@ class DecoderSession:
             self.kv.append(seq, toks)
             items.append(StepItem(self.kv.block_table(seq), past, toks))
         inputs, used = step_inputs(self.meta, rows, items)
+        if self.compressed is not None:
+            self.compressed.before_call(inputs["kv_gather"][:used])
         out = self.session.run(
             inputs, entry=entry, registers={KV_BLOCKS_REG: used}, timing_only=self.timing_only
         )
+        if self.compressed is not None:
+            self._store_blocks(items)
         prof = self.session.last_profile
         attention = sum(r["cycles"] for r in prof.get("ir_ops", []) if r["ir_op"] == "mcp.paged_attention")
         self.steps.append(
@@ -256,6 +280,20 @@ class DecoderSession:
             return None
         logits = out[self.meta.logits]
         return np.asarray(logits).reshape(self.meta.max_batch, rows, -1)[: len(pairs)]
+
+    def _store_blocks(self, items: Sequence[StepItem]) -> None:
+        """Store the blocks the call wrote (compressing build) and update their sizes and the peaks."""
+        blk = self.meta.block
+        written: dict[int, tuple[int, int, int]] = {}
+        for it in items:
+            past, total = it.past, it.past + len(it.tokens)
+            for j in range(past // blk, -(-total // blk)):
+                lo = max(past - j * blk, 0)
+                written[int(it.blocks[j])] = (lo, min(total - j * blk, blk), j * blk)
+        for bid in self.compressed.after_call(written):
+            self.kv.set_block_bytes(bid, self.compressed.size(bid))
+        self._peak = max(self._peak, self.kv.kv_bytes)
+        self._peak_unshared = max(self._peak_unshared, self.kv.unshared_bytes)
 
     def prefill(self, pairs: Sequence[tuple[Any, Sequence[int]]]) -> list[np.ndarray | None]:
         """Prefill several sequences at once (each its own tokens, in chunks of ``prefill_chunk``,
@@ -372,10 +410,13 @@ class DecoderSession:
             "clock_mhz": mhz,
             "prefill_cycles": sum(s["cycles"] for s in steps if s["entry"] == "prefill"),
             "decode_steps": len(dec),
-            "kv_bytes": self.kv.peak_kv_bytes,
-            "kv_bytes_unshared": self.kv.peak_unshared_bytes,
+            "kv_bytes": self.kv.peak_kv_bytes if self.compressed is None else self._peak,
+            "kv_bytes_unshared": (
+                self.kv.peak_unshared_bytes if self.compressed is None else self._peak_unshared
+            ),
             "kv_block_bytes": block_bytes(self.meta),
             "weight_bytes": self.weight_bytes,
+            "kv_store": None if self.compressed is None else self.compressed.report(),
             "dram_bandwidth_gbps": self.target.dram.bandwidth_gbps,
         }
         if dec:

@@ -232,6 +232,21 @@ class Session:
             for lo, hi in self.persistent:
                 self._machine.dram[lo:hi] = 0
 
+    def persistent_view(self, name: str) -> np.ndarray:
+        """Persistent buffer ``name`` as a writable view of the session's DRAM (flat, its dtype):
+        what the host changes there the next run reads.  Only after a functional run."""
+        region = next(
+            (r for r in self.program.memory_map.get("regions") or []
+             if r.get("kind") == "persistent" and r.get("name") == name),
+            None,
+        )  # fmt: skip
+        if region is None or self._machine is None:
+            raise InputError(f"{self.program.source}: no persistent buffer {name!r} in this session yet")
+        from mcpc.arch.dtypes import NUMPY_DTYPES
+
+        raw = self._machine.dram[region["dram"] : region["dram"] + region["bytes"]]
+        return raw.view(NUMPY_DTYPES[region.get("dtype", "u8")])
+
     def persistent_buffer(self, name: str) -> np.ndarray:
         """A copy of persistent buffer ``name`` as its dtype and shape (zeros before any run)."""
         from mcpc.arch.dtypes import NUMPY_DTYPES, unpack_nibbles
