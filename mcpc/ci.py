@@ -139,21 +139,14 @@ def load_checks(path: str | Path, example_dir: Path | None = None) -> Checks:
     """Validate a checks file.  ``example:NAME`` models are written into ``example_dir`` (built
     on first use).  Paths are relative to the file; a config or target that is not an existing
     path is taken as a shipped name."""
-    from mcpc.qat_configs.schema import _describe, _unknown_key_hint
+    from mcpc.qat_configs.schema import _describe, _unknown_key_hint, parse_yaml_mapping
 
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the checks file ({exc})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-        raise ConfigError(f"{where}: YAML syntax error: {exc.problem}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping with a 'builds:' list at the top level")
+    data = parse_yaml_mapping(text, str(path), "checks file")
     lines = _lines(text)
     try:
         checks = ChecksFile.model_validate(data)

@@ -195,19 +195,26 @@ def _unknown_key_hint(err: dict, model: type[BaseModel]) -> str:
     return f" (expected one of {', '.join(keys)})"
 
 
-def parse_config(text: str, source: str) -> QatConfig:
-    """Validate YAML text as a QAT config; ConfigError naming ``source`` and the key path(s)."""
+def parse_yaml_mapping(text: str, source: str, what: str = "config") -> dict:
+    """YAML text that must hold a mapping at the top level (a QAT config, a workload, a checks
+    file); ConfigError naming ``source`` (with line and column for a syntax error) otherwise."""
     try:
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
-        raise ConfigError(f"{where}: YAML syntax error: {exc.problem}") from None
+        raise ConfigError(f"{where}: YAML syntax error in the {what}: {exc.problem}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: YAML error: {exc}") from None
+        raise ConfigError(f"{source}: YAML error in the {what}: {exc}") from None
     if not isinstance(data, dict):
         found = "an empty file" if data is None else f"a {type(data).__name__}"
-        raise ConfigError(f"{source}: expected a mapping of config keys at the top level, found {found}")
+        raise ConfigError(f"{source}: expected a mapping of {what} keys at the top level, found {found}")
+    return data
+
+
+def parse_config(text: str, source: str) -> QatConfig:
+    """Validate YAML text as a QAT config; ConfigError naming ``source`` and the key path(s)."""
+    data = parse_yaml_mapping(text, source, "config")
     try:
         config = QatConfig.model_validate(data)
     except ValidationError as exc:

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from mcpc.errors import ConfigError
+from mcpc.qat_configs.schema import parse_yaml_mapping
 
 
 class Section(BaseModel):
@@ -36,22 +36,7 @@ def load_yaml(path: Path, what: str) -> dict:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the {what}: {exc.strerror or exc}") from None
-    return parse_yaml(text, str(path), what)
-
-
-def parse_yaml(text: str, source: str, what: str) -> dict:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
-        raise ConfigError(f"{where}: YAML syntax error in the {what}: {exc.problem}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: YAML error in the {what}: {exc}") from None
-    if not isinstance(data, dict):
-        found = "an empty file" if data is None else f"a {type(data).__name__}"
-        raise ConfigError(f"{source}: expected a mapping of {what} keys at the top level, found {found}")
-    return data
+    return parse_yaml_mapping(text, str(path), what)
 
 
 def validate(model: type[BaseModel], data: Any, source: str) -> Any:
