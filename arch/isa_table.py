@@ -342,19 +342,9 @@ _QA_SEMANTICS = (
 )
 
 
-def _access_matmul_w4a16(f: Mapping[str, Any]) -> list[Access]:
-    # the scale and zero-point tiles are read through the QParam pointers (known at run time)
-    sa, sw = _size(f["in_dtype"]), _size(f["w_dtype"])
-    bk, bn = (f["n"], f["k"]) if f["trans_b"] else (f["k"], f["n"])
-    out = [*_regs(f, "m_reg"), ("qparam", 0, 1, 1, 0, 1, False, 0)]
-    out += [_sram(f["a"], f["m"], f["k"], f["a_stride"], sa), _sram(f["b"], bk, bn, f["b_stride"], sw)]
-    if f["acc"]:
-        out.append(_sram(f["c"], f["m"], f["n"], f["c_stride"], 4))
-    return [*out, _sram(f["c"], f["m"], f["n"], f["c_stride"], 4, True)]
-
-
-def _access_qa(f: Mapping[str, Any]) -> list[Access]:
-    # the activation zero point and per-column scales are read through the QParam pointers
+def _access_quantized_matmul(f: Mapping[str, Any]) -> list[Access]:
+    # the scales and zero points (matmul_w4a16's tiles; the activation zero point and per-column
+    # scales of vmmul.q4f8 / matmul_i8) are read through the QParam pointers (known at run time)
     sa, sw = _size(f["in_dtype"]), _size(f["w_dtype"])
     bk, bn = (f["n"], f["k"]) if f["trans_b"] else (f["k"], f["n"])
     out = [*_regs(f, "m_reg"), ("qparam", 0, 1, 1, 0, 1, False, 0)]
@@ -540,7 +530,7 @@ _SPECS: list[InstrSpec] = [
           "in_dtype dtype, w_dtype dtype, s_dtype dtype, acc u1, trans_b u1, m_reg u4",
           "C (f32) = [C +] A · dequantize(B): B holds weight codes, scaled per group of K by the "
           "QParam group's scales and zero points.",
-          execute="compile_matmul_w4a16", cost="matmul_w4a16_cost", access=_access_matmul_w4a16,
+          execute="compile_matmul_w4a16", cost="matmul_w4a16_cost", access=_access_quantized_matmul,
           extent=("m", "m_reg"),
           twin="numerics.matmul_wq_tile (mcp.matmul_w4a16, via numerics.matmul_2d)",
           semantics="A (m x k, `in_dtype`: f16, bf16 or f32) as for `matmul`; B holds the codes (k x n, "
@@ -599,13 +589,13 @@ _SPECS: list[InstrSpec] = [
           "`mcp.dequantize`). For dequantized data that feeds no matmul: a gathered embedding row."),
     _spec("vmmul.q4f8", 22, EX, _QA_FIELDS,
           "C (f32) = [C +] int4(A) · B (fp8 e4m3fn codes), scaled by the fused QParam scale.",
-          execute="compile_qa", cost="qa_cost", access=_access_qa, extent=("m", "m_reg"),
+          execute="compile_qa", cost="qa_cost", access=_access_quantized_matmul, extent=("m", "m_reg"),
           twin="numerics.matmul_qa_tile (mcp.matmul_qa with i4 activations and f8e4m3fn codes)",
           semantics=_QA_SEMANTICS + " vmmul.q4f8 requires `q_dtype` i4 and `w_dtype` f8e4m3fn (its "
           "codes are e4m3fn values, saturated to ±448 when the compiler quantizes them)."),
     _spec("matmul_i8", 23, EX, _QA_FIELDS,
           "C (f32) = [C +] int8(A) · B (int8 or int4 codes), int32-exact, scaled by the fused QParam scale.",
-          execute="compile_qa", cost="qa_cost", access=_access_qa, extent=("m", "m_reg"),
+          execute="compile_qa", cost="qa_cost", access=_access_quantized_matmul, extent=("m", "m_reg"),
           twin="numerics.matmul_qa_tile (mcp.matmul_qa with i8/u8 activations and i8/i4 codes)",
           semantics=_QA_SEMANTICS + " matmul_i8 requires `q_dtype` i8 or u8 and `w_dtype` i8 or i4 "
           "(packed): the int8 layers and imported int8 QDQ models (ONNX Runtime quantize_static)."),
