@@ -102,7 +102,7 @@ _REGISTER_FIELDS = ("reg", "rd", "rs1", "rs2", "dram_reg", "rows_reg", "count_re
 # rows in use (the EX queue runs it after the register kernel).
 _REGISTER_READS = {
     "load": ("dram_reg",), "store": ("dram_reg",), "gather": ("dram_reg", "count_reg"),
-    "scatter": ("dram_reg", "count_reg"), "vattn": ("kv_reg",),
+    "scatter": ("dram_reg", "count_reg"), "vattn": ("kv_reg",), "kvdecomp": ("count_reg",),
 }  # fmt: skip
 
 

@@ -56,6 +56,7 @@ class DecoderMeta:
     ids: str
     positions: str | None
     kv_quant: dict | None
+    kv_pool: dict | None = None  # a compressing build's pool and descriptor table (mcpc.kv.pool)
 
     @property
     def blocks_per_seq(self) -> int:
@@ -85,6 +86,7 @@ class DecoderMeta:
                 ids=str(ins["ids"]),
                 positions=None if ins.get("positions") is None else str(ins["positions"]),
                 kv_quant=meta.get("kv_quant"),
+                kv_pool=meta.get("kv_pool"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(
@@ -261,13 +263,14 @@ class DecoderSession:
             self.kv.append(seq, toks)
             items.append(StepItem(self.kv.block_table(seq), past, toks))
         inputs, used = step_inputs(self.meta, rows, items)
+        written = self._written(items) if self.compressed is not None else {}
         if self.compressed is not None:
-            self.compressed.before_call(inputs["kv_gather"][:used])
+            self.compressed.before_call(inputs["kv_gather"][:used], written)
         out = self.session.run(
             inputs, entry=entry, registers={KV_BLOCKS_REG: used}, timing_only=self.timing_only
         )
         if self.compressed is not None:
-            self._store_blocks(items)
+            self._store_blocks(written)
         prof = self.session.last_profile
         attention = sum(r["cycles"] for r in prof.get("ir_ops", []) if r["ir_op"] == "mcp.paged_attention")
         self.steps.append(
@@ -281,8 +284,9 @@ class DecoderSession:
         logits = out[self.meta.logits]
         return np.asarray(logits).reshape(self.meta.max_batch, rows, -1)[: len(pairs)]
 
-    def _store_blocks(self, items: Sequence[StepItem]) -> None:
-        """Store the blocks the call wrote (compressing build) and update their sizes and the peaks."""
+    def _written(self, items: Sequence[StepItem]) -> dict[int, tuple[int, int, int]]:
+        """The blocks a call writes: block id -> (first row written, rows held after the call,
+        position of the block's first row)."""
         blk = self.meta.block
         written: dict[int, tuple[int, int, int]] = {}
         for it in items:
@@ -290,6 +294,10 @@ class DecoderSession:
             for j in range(past // blk, -(-total // blk)):
                 lo = max(past - j * blk, 0)
                 written[int(it.blocks[j])] = (lo, min(total - j * blk, blk), j * blk)
+        return written
+
+    def _store_blocks(self, written: dict[int, tuple[int, int, int]]) -> None:
+        """Store the blocks the call wrote (compressing build) and update their sizes and the peaks."""
         for bid in self.compressed.after_call(written):
             self.kv.set_block_bytes(bid, self.compressed.size(bid))
         self._peak = max(self._peak, self.kv.kv_bytes)
