@@ -72,6 +72,7 @@ class CompressedKV:
         self.retained_blocks = 0  # head blocks stored unquantized by the error check (final blocks)
         self.stored_blocks = 0
         self.pool = _Pool(meta, session, timing_only) if getattr(meta, "kv_pool", None) else None
+        self._sized: list[int] = []  # blocks sized before a call (_placed), reported after it
 
     # ------------------------------------------------------------------ the view in the globals
     def _view(self, layer: int, kind: str) -> np.ndarray:
@@ -90,6 +91,10 @@ class CompressedKV:
         writes).  A build without one: every stored block in ``gathered`` is read back from its
         bytes into the view (CRC-8 checked)."""
         if self.pool is not None:
+            if self.timing_only:  # full blocks the host placed without a call (a serving cost grid)
+                for bid in dict.fromkeys(int(b) for b in gathered):
+                    if bid not in written and bid not in self.pool.compressed:
+                        self._placed(bid)
             self.pool.mark_plain(written)
             return
         if self.timing_only:
@@ -111,7 +116,7 @@ class CompressedKV:
     def after_call(self, written: dict[int, tuple[int, int, int]]) -> list[int]:
         """Store the blocks a call wrote: ``written`` maps a block id to (first row written, rows held
         after the call, position of the block's first row); returns the block ids whose size changed."""
-        changed = []
+        changed, self._sized = self._sized, []
         for bid, (lo, rows, first_pos) in written.items():
             b = self.blocks.get(bid)
             if b is None or lo == 0:  # a block (re)allocated: its old contents are gone
@@ -128,6 +133,15 @@ class CompressedKV:
                     self.pool.put(bid, b.data)
             changed.append(bid)
         return changed
+
+    def _placed(self, bid: int) -> None:
+        """Timing-only: a gathered block the call does not write, that no call stored.  It precedes
+        the written blocks of its sequence (every sequence of a call gets new tokens), so it is
+        full: its descriptors get the nominal sizes, and its size is reported after the call."""
+        b = self.blocks[bid] = _Block(rows=self.meta.block, full=True)
+        b.nbytes = self._nominal(self.meta.block, True)
+        self.pool.put_nominal(bid, self._nominal_heads())
+        self._sized.append(bid)
 
     def _nominal_heads(self) -> dict[tuple[int, str, int], int]:
         m = self.meta
@@ -211,6 +225,7 @@ class _Pool:
                 f"persistent buffer {', '.join(missing)}"
             )
         self.pool_addr = int(regions[POOL]["dram"])
+        self.compressed: set[int] = set()  # blocks whose descriptors say compressed
         if regions[POOL]["bytes"] < layout["pool_bytes"] or regions[DESC]["bytes"] < layout["desc_bytes"]:
             raise InputError(f"{session.program.source}: kv_pool / kv_desc are smaller than META says")
         if timing_only:
@@ -234,6 +249,7 @@ class _Pool:
         if not written:
             return
         desc, m = self._desc_view(), self.meta
+        self.compressed.difference_update(written)
         if desc is None:
             return
         for bid in written:
@@ -245,6 +261,7 @@ class _Pool:
 
     def _put(self, bid: int, sizes: dict, data: dict | None) -> None:
         m = self.meta
+        self.compressed.add(bid)
         desc = self._desc_view()
         pool = None if data is None else self.session.persistent_view(POOL).view(np.uint8)
         for (layer, kind_name, h), n in sizes.items():

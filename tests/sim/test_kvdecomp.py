@@ -126,19 +126,28 @@ DECODERS = Path(__file__).parents[1] / "llm" / "decoders"
 LLAMA = json.loads((DECODERS / "decoders.json").read_text())["models"]["llama"]
 
 
-def test_a_compressed_decode_step_reads_fewer_bytes_and_costs_fewer_cycles():
+BUILD = DecoderBuild(max_seq=256, prefill_chunk=64)
+
+
+@pytest.fixture(scope="module")
+def builds():
+    out = {}
+    for name in ("fp16", "int8"):
+        cfg = driver.load_qat_config("fp16")
+        if name == "int8":
+            cfg = with_kv_flags(cfg, "int8", None, None, BUILD.max_seq)
+        out[name] = mcpc.compile(str(DECODERS / LLAMA["file"]), qat_config=cfg, decoder=BUILD)
+    return out
+
+
+def test_a_compressed_decode_step_reads_fewer_bytes_and_costs_fewer_cycles(builds):
     """Small Llama fixture, --max-seq 256, a decode step at a 200-token context: the INT8 build's
     kvdecomp reads 3 full blocks' stored bytes + the filling block plain + descriptors where the
     fp16 build gathers 4 plain blocks; cycles are deterministic, and a timing-only run, which
     charges the descriptors' nominal sizes, gives the functional cycles (exact for dense INT8)."""
-    build = DecoderBuild(max_seq=256, prefill_chunk=64)
     toks = [int(t) for t in np.random.default_rng(1).integers(0, LLAMA["vocab"], 199)]
     steps = {}
-    for name in ("fp16", "int8"):
-        cfg = driver.load_qat_config("fp16")
-        if name == "int8":
-            cfg = with_kv_flags(cfg, "int8", None, None, build.max_seq)
-        built = mcpc.compile(str(DECODERS / LLAMA["file"]), qat_config=cfg, decoder=build)
+    for name, built in builds.items():
         for timing_only in (False, True):
             dec = DecoderSession(built, timing_only=timing_only)
             seq, _ = dec.new_sequence()
@@ -155,3 +164,18 @@ def test_a_compressed_decode_step_reads_fewer_bytes_and_costs_fewer_cycles():
     assert steps["int8", True]["cycles"] == int8["cycles"]
     assert steps["int8", True]["dram_read_bytes"] == int8["dram_read_bytes"]
     assert steps["fp16", True]["cycles"] == fp16["cycles"]
+    assert int8["kv_bytes"] == head_blocks * (3 * stored + 4 + 1 + 8 * (LLAMA["head_dim"] + 3) + 1)
+
+
+def test_a_serving_cost_grid_charges_the_compressed_blocks(builds):
+    """mcpc sim serve's measurer places the cached tokens in the KV manager without a call: the
+    blocks it gathers but no call stored are full, and get the nominal descriptors, so a decode
+    step costs what it costs after a real (timing-only) prefill, fewer cycles than the fp16 build."""
+    from mcpc.serve.program import measurer
+
+    grid = {name: measurer(built, name)("decode", 1, 200) for name, built in builds.items()}
+    dec = DecoderSession(builds["int8"], timing_only=True)
+    seq, _ = dec.new_sequence()
+    dec.prefill([(seq, [1] * 199)])
+    dec.decode([seq], [1])
+    assert grid["int8"] == dec.steps[-1]["cycles"] < grid["fp16"]
