@@ -162,7 +162,7 @@ def test_mcp_compile_kv_flags_make_a_compressing_build(tmp_path):
                                                "--kv-quant", "int8", "--kv-sparsity", "0.5", "--kv-policy",
                                                "topk_magnitude", "-o", str(out)])  # fmt: skip
     assert res.exit_code == 0, res.output
-    assert "in f16, stored as int8 + topk_magnitude dropping 0.5;" in res.output
+    assert "in f16, stored as int8 + topk_magnitude dropping 0.5 in a 16,512-byte pool;" in res.output
     from mcpc.sim.loader import load_program
 
     meta = load_program(out).program.meta["decoder"]["kv_quant"]
