@@ -230,7 +230,8 @@ class _Pool:
             raise InputError(f"{session.program.source}: kv_pool / kv_desc are smaller than META says")
         if timing_only:
             self._desc = np.zeros(int(regions[DESC]["bytes"]) // 4, np.uint32)
-            session.timing_dram[DESC] = self._desc
+            if hasattr(session, "timing_dram"):  # a Session (a stand-in without it charges plain)
+                session.timing_dram[DESC] = self._desc
 
     def _desc_view(self) -> np.ndarray | None:
         """The descriptor table (u32 words); None before the session's first run (all zero then:
