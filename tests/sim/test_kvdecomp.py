@@ -80,6 +80,26 @@ def test_plain_blocks_are_copied_and_compressed_ones_decoded():
     assert cost.tail == TARGET.dram_latency_cycles
 
 
+@pytest.mark.parametrize(
+    ("setting", "kind", "tile"),
+    [(KvSettings(quant="fp16", policy="topk_magnitude", sparsity_ratio=0.7), "f16", "bitmap"),
+     (KvSettings(quant="int8", policy="topk_magnitude", sparsity_ratio=0.95), "int8", "coords"),
+     (KvSettings(quant="int8", quant_tol=1e-9), "f16", "dense")],  # fails the check: FP16_Retain
+)  # fmt: skip
+def test_sparse_and_retained_blocks_decode_as_load_kv_block_reads_them(setting, kind, tile):
+    m, plain, _ = _machine()
+    block = store_kv_block(plain[1][None], setting, layer=2)[0]
+    assert (block.kind, block.tiles) == (kind, (tile,))
+    data = block.data
+    addr = POOL + max_block_bytes(ROWS, D, 2)
+    m.dram[addr : addr + len(data)] = np.frombuffer(data, np.uint8)
+    desc = descriptor(addr, len(data), COMPRESSED, 1, 1, 2)
+    m.dram[DESC_TABLE + 16 : DESC_TABLE + 32] = desc.view(np.uint8)
+    got, cost = _run(m, [1])
+    np.testing.assert_array_equal(got[0], load_kv_block(data, "f16"))
+    assert cost.dram_read == 16 + len(data)
+
+
 def test_fewer_compressed_bytes_cost_fewer_cycles_than_plain_ones():
     m, _, _ = _machine()
     _, compressed = _run(m, [1, 3, 1, 3])
