@@ -1,10 +1,12 @@
 """Lowering of the paged KV cache ops (``ir/ops_kv.py``): ``scatter`` of new K/V rows to their slots,
 ``gather`` of a sequence's blocks and ``vattn`` over them.
 
-``mcp.kv_store new, slot {global}`` — the slots (i32, one per token row) are loaded once into a
-buffer of their own; then per KV head h a copy step loads head h's B·S new rows into an input
-slot and one ``scatter`` writes row i to row ``slot[i]`` of head h's part of the global (``limit``
-= the rows of that part, so a bad slot traps before a byte is written).
+``mcp.kv_store new, slot {global}`` — one copy step: the slots (i32, one per token row) and, per KV
+head h, head h's B·S new rows are loaded into buffers of their own, and one ``scatter`` per head
+writes row i to row ``slot[i]`` of head h's part of the global (``limit`` = the rows of that part,
+so a bad slot traps before a byte is written).  No buffer is reused, so the heads' scatters do not
+wait for each other, and the new rows (the K/V projections' results, kept in SRAM) are copied on
+chip rather than stored and loaded back (``backend/residency.py``).
 
 ``mcp.paged_attention q, gather, start, length, nblocks`` — the block ids and the window table
 (starts, then lengths: ``vattn``'s layout) are loaded once; then per KV head kh one step:
@@ -72,21 +74,22 @@ def lower_kv_store(op: Any, ctx: LoweringContext) -> list[Kernel]:
     _field(op, "count", rows, U20, "the new rows per head (batch x seq)")
     _field(op, "limit", per_head, U24, "the cache rows per head")
     _field(op, "row_bytes", s * row, U24, "the bytes of one sequence's new rows")
-    need = 4 * rows + ctx.in_slots * rows * row + 2 * ctx.in_slots * ctx.align
-    _fits(ctx, op, need, f"the {rows} slots and {ctx.in_slots} buffer(s) of {rows} new rows of {row} bytes")
+    need = 4 * rows + h * rows * row + 2 * ctx.align
+    _fits(ctx, op, need, f"the {rows} slots and the {h} heads' {rows} new rows of {row} bytes")
     arena = ctx.arena()
     idx = arena.alloc(4 * rows, "cache slots")
-    ring = arena.ring(ctx.in_slots, rows * row, "new rows")
+    buf = arena.alloc(h * rows * row, "new rows")
     emit = ctx.emitter.emit
-    steps = [Step(loads=[emit("load", dram=sa, sram=idx, rows=1, row_bytes=4 * rows)])]
+    loads = [emit("load", dram=sa, sram=idx, rows=1, row_bytes=4 * rows)]
+    stores = []
     for head in range(h):
-        buf = ring.addr(len(steps))
-        load = emit("load", dram=na + head * s * row, sram=buf, rows=b, row_bytes=s * row,
-                    dram_stride=h * s * row, sram_stride=s * row)  # fmt: skip
+        at = buf + head * rows * row
+        loads.append(emit("load", dram=na + head * s * row, sram=at, rows=b, row_bytes=s * row,
+                          dram_stride=h * s * row, sram_stride=s * row))  # fmt: skip
         scatter = emit("scatter", dram=gbase + head * per_head * row, sram_idx=idx, count=rows,
-                       row_bytes=row, dram_stride=row, sram=buf, sram_stride=row, limit=per_head)  # fmt: skip
-        steps.append(Step(loads=[load], stores=[scatter]))
-    return [ctx.kernel(steps, arena)]
+                       row_bytes=row, dram_stride=row, sram=at, sram_stride=row, limit=per_head)  # fmt: skip
+        stores.append(scatter)
+    return [ctx.kernel([Step(loads=loads, stores=stores)], arena)]
 
 
 @register_lowering(ops.PagedAttentionOp)
