@@ -6,7 +6,8 @@ head h, head h's B·S new rows are loaded into buffers of their own, and one ``s
 writes row i to row ``slot[i]`` of head h's part of the global (``limit`` = the rows of that part,
 so a bad slot traps before a byte is written).  No buffer is reused, so the heads' scatters do not
 wait for each other, and the new rows (the K/V projections' results, kept in SRAM) are copied on
-chip rather than stored and loaded back (``backend/residency.py``).
+chip rather than stored and loaded back (``backend/residency.py``).  When the heads' rows exceed an
+eighth of the scratchpad, one copy step per head loads them through the kernel's input slots.
 
 ``mcp.paged_attention q, gather, start, length, nblocks`` — the block ids and the window table
 (starts, then lengths: ``vattn``'s layout) are loaded once; then per KV head kh one step:
@@ -34,6 +35,10 @@ from mcpc.backend.schedule import Kernel, Step
 from mcpc.errors import PassError, UnsupportedError
 from mcpc.ir import ops
 
+# kv_store's heads get a buffer each in one copy step while their rows take at most this fraction
+# (1 / ONE_STEP_SHARE) of the scratchpad; beyond, one copy step per head through the input slots.
+ONE_STEP_SHARE = 8
+
 
 class KVCacheDoesNotFit(UnsupportedError, PassError):
     """The SRAM a paged-KV lowering needs exceeds its region: a PassError, so the compile driver
@@ -59,7 +64,8 @@ def _field(op: Any, name: str, value: int, limit: int, what: str) -> None:
 
 @register_lowering(ops.KVStoreOp)
 def lower_kv_store(op: Any, ctx: LoweringContext) -> list[Kernel]:
-    """Slots loaded once, then one copy step per head: load its new rows, ``scatter`` them."""
+    """Slots and every head's new rows loaded in one copy step, one ``scatter`` per head (or, for
+    rows too many for that, one copy step per head through the input slots)."""
     new, slot = op.operands
     na, nt = ctx.dram(new)
     sa, _ = ctx.dram(slot)
@@ -74,22 +80,35 @@ def lower_kv_store(op: Any, ctx: LoweringContext) -> list[Kernel]:
     _field(op, "count", rows, U20, "the new rows per head (batch x seq)")
     _field(op, "limit", per_head, U24, "the cache rows per head")
     _field(op, "row_bytes", s * row, U24, "the bytes of one sequence's new rows")
-    need = 4 * rows + h * rows * row + 2 * ctx.align
-    _fits(ctx, op, need, f"the {rows} slots and the {h} heads' {rows} new rows of {row} bytes")
-    arena = ctx.arena()
-    idx = arena.alloc(4 * rows, "cache slots")
-    buf = arena.alloc(h * rows * row, "new rows")
     emit = ctx.emitter.emit
-    loads = [emit("load", dram=sa, sram=idx, rows=1, row_bytes=4 * rows)]
-    stores = []
-    for head in range(h):
-        at = buf + head * rows * row
-        loads.append(emit("load", dram=na + head * s * row, sram=at, rows=b, row_bytes=s * row,
-                          dram_stride=h * s * row, sram_stride=s * row))  # fmt: skip
+
+    def head_copy(head: int, at: int) -> tuple[Any, Any]:  # head's new rows into ``at``, scattered
+        load = emit("load", dram=na + head * s * row, sram=at, rows=b, row_bytes=s * row,
+                    dram_stride=h * s * row, sram_stride=s * row)  # fmt: skip
         scatter = emit("scatter", dram=gbase + head * per_head * row, sram_idx=idx, count=rows,
                        row_bytes=row, dram_stride=row, sram=at, sram_stride=row, limit=per_head)  # fmt: skip
-        stores.append(scatter)
-    return [ctx.kernel([Step(loads=loads, stores=stores)], arena)]
+        return load, scatter
+
+    need = 4 * rows + h * rows * row + 2 * ctx.align
+    if need <= ctx.target.sram.size_bytes // ONE_STEP_SHARE:  # one copy step, a buffer per head
+        _fits(ctx, op, need, f"the {rows} slots and the {h} heads' {rows} new rows of {row} bytes")
+        arena = ctx.arena()
+        idx = arena.alloc(4 * rows, "cache slots")
+        buf = arena.alloc(h * rows * row, "new rows")
+        copies = [head_copy(head, buf + head * rows * row) for head in range(h)]
+        loads = [emit("load", dram=sa, sram=idx, rows=1, row_bytes=4 * rows), *(c[0] for c in copies)]
+        return [ctx.kernel([Step(loads=loads, stores=[c[1] for c in copies])], arena)]
+    # many heads' rows against a small scratchpad: one copy step per head through the input slots
+    need = 4 * rows + ctx.in_slots * rows * row + 2 * ctx.in_slots * ctx.align
+    _fits(ctx, op, need, f"the {rows} slots and {ctx.in_slots} buffer(s) of {rows} new rows of {row} bytes")
+    arena = ctx.arena()
+    idx = arena.alloc(4 * rows, "cache slots")
+    ring = arena.ring(ctx.in_slots, rows * row, "new rows")
+    steps = [Step(loads=[emit("load", dram=sa, sram=idx, rows=1, row_bytes=4 * rows)])]
+    for head in range(h):
+        load, scatter = head_copy(head, ring.addr(len(steps)))
+        steps.append(Step(loads=[load], stores=[scatter]))
+    return [ctx.kernel(steps, arena)]
 
 
 @register_lowering(ops.PagedAttentionOp)

@@ -216,3 +216,24 @@ def test_a_decoder_build_copies_the_new_k_v_rows_on_chip():
     layers = res.program.meta["decoder"]["layers"]
     assert ops.count("load") == 2 * layers  # the slots of K and of V, per layer
     assert ops.count("scatter") == ops.count("vun") == 2 * layers * res.program.meta["decoder"]["kv_heads"]
+
+
+def test_kv_store_through_the_input_slots_when_its_rows_are_many(monkeypatch):
+    # rows beyond an eighth of the scratchpad: one copy step per head through the kernel's slots,
+    # still bit-identical and race-free (forced here by asking a share no kv_store meets)
+    one_step = [i.op for i in mcpc.compile(parse_module(STEP), qat_config="fp32").program.instructions()]
+    monkeypatch.setattr("mcpc.backend.lower_kv.ONE_STEP_SHARE", 1 << 40)
+    step = mcpc.compile(parse_module(STEP), qat_config="fp32")
+    program = step.program
+    regions = persistent_ranges(program.memory_map["regions"])
+    regs = [None if r == 1 else 0 for r in range(N_REGS)]
+    check_hazards(program.instructions(), regs=regs, regions=regions)
+    ops = [i.op for i in program.instructions()]
+    assert ops.count("scatter") == 4
+    # an EX nop per copy step: the slots' step and one per head (2 kv_stores x 2 heads), not one each
+    assert ops.count("nop") == one_step.count("nop") + 2 * 2
+    state = ModuleState(step.module)
+    session = Session(step)
+    for inputs, regs in _walk(step, steps=5):
+        want = interpret(step.module, inputs, "step", state, regs)["out"]
+        np.testing.assert_array_equal(session.run(inputs, registers=regs)["out"], want)
