@@ -1,10 +1,13 @@
 """Lowering of the paged KV cache ops (``ir/ops_kv.py``): ``scatter`` of new K/V rows to their slots,
 ``gather`` of a sequence's blocks and ``vattn`` over them.
 
-``mcp.kv_store new, slot {global}`` — the slots (i32, one per token row) are loaded once into a
-buffer of their own; then per KV head h a copy step loads head h's B·S new rows into an input
-slot and one ``scatter`` writes row i to row ``slot[i]`` of head h's part of the global (``limit``
-= the rows of that part, so a bad slot traps before a byte is written).
+``mcp.kv_store new, slot {global}`` — one copy step: the slots (i32, one per token row) and, per KV
+head h, head h's B·S new rows are loaded into buffers of their own, and one ``scatter`` per head
+writes row i to row ``slot[i]`` of head h's part of the global (``limit`` = the rows of that part,
+so a bad slot traps before a byte is written).  No buffer is reused, so the heads' scatters do not
+wait for each other, and the new rows (the K/V projections' results, kept in SRAM) are copied on
+chip rather than stored and loaded back (``backend/residency.py``).  When the heads' rows exceed an
+eighth of the scratchpad, one copy step per head loads them through the kernel's input slots.
 
 ``mcp.paged_attention q, gather, start, length, nblocks`` — the block ids and the window table
 (starts, then lengths: ``vattn``'s layout) are loaded once; then per KV head kh one step:
@@ -33,6 +36,10 @@ from mcpc.errors import PassError, UnsupportedError
 from mcpc.ir import ops
 from mcpc.kv.pool import DESC, DESC_BYTES, desc_column
 
+# kv_store's heads get a buffer each in one copy step while their rows take at most this fraction
+# (1 / ONE_STEP_SHARE) of the scratchpad; beyond, one copy step per head through the input slots.
+ONE_STEP_SHARE = 8
+
 
 class KVCacheDoesNotFit(UnsupportedError, PassError):
     """The SRAM a paged-KV lowering needs exceeds its region: a PassError, so the compile driver
@@ -58,7 +65,8 @@ def _field(op: Any, name: str, value: int, limit: int, what: str) -> None:
 
 @register_lowering(ops.KVStoreOp)
 def lower_kv_store(op: Any, ctx: LoweringContext) -> list[Kernel]:
-    """Slots loaded once, then one copy step per head: load its new rows, ``scatter`` them."""
+    """Slots and every head's new rows loaded in one copy step, one ``scatter`` per head (or, for
+    rows too many for that, one copy step per head through the input slots)."""
     new, slot = op.operands
     na, nt = ctx.dram(new)
     sa, _ = ctx.dram(slot)
@@ -73,19 +81,33 @@ def lower_kv_store(op: Any, ctx: LoweringContext) -> list[Kernel]:
     _field(op, "count", rows, U20, "the new rows per head (batch x seq)")
     _field(op, "limit", per_head, U24, "the cache rows per head")
     _field(op, "row_bytes", s * row, U24, "the bytes of one sequence's new rows")
+    emit = ctx.emitter.emit
+
+    def head_copy(head: int, at: int) -> tuple[Any, Any]:  # head's new rows into ``at``, scattered
+        load = emit("load", dram=na + head * s * row, sram=at, rows=b, row_bytes=s * row,
+                    dram_stride=h * s * row, sram_stride=s * row)  # fmt: skip
+        scatter = emit("scatter", dram=gbase + head * per_head * row, sram_idx=idx, count=rows,
+                       row_bytes=row, dram_stride=row, sram=at, sram_stride=row, limit=per_head)  # fmt: skip
+        return load, scatter
+
+    need = 4 * rows + h * rows * row + 2 * ctx.align
+    if need <= ctx.target.sram.size_bytes // ONE_STEP_SHARE:  # one copy step, a buffer per head
+        _fits(ctx, op, need, f"the {rows} slots and the {h} heads' {rows} new rows of {row} bytes")
+        arena = ctx.arena()
+        idx = arena.alloc(4 * rows, "cache slots")
+        buf = arena.alloc(h * rows * row, "new rows")
+        copies = [head_copy(head, buf + head * rows * row) for head in range(h)]
+        loads = [emit("load", dram=sa, sram=idx, rows=1, row_bytes=4 * rows), *(c[0] for c in copies)]
+        return [ctx.kernel([Step(loads=loads, stores=[c[1] for c in copies])], arena)]
+    # many heads' rows against a small scratchpad: one copy step per head through the input slots
     need = 4 * rows + ctx.in_slots * rows * row + 2 * ctx.in_slots * ctx.align
     _fits(ctx, op, need, f"the {rows} slots and {ctx.in_slots} buffer(s) of {rows} new rows of {row} bytes")
     arena = ctx.arena()
     idx = arena.alloc(4 * rows, "cache slots")
     ring = arena.ring(ctx.in_slots, rows * row, "new rows")
-    emit = ctx.emitter.emit
     steps = [Step(loads=[emit("load", dram=sa, sram=idx, rows=1, row_bytes=4 * rows)])]
     for head in range(h):
-        buf = ring.addr(len(steps))
-        load = emit("load", dram=na + head * s * row, sram=buf, rows=b, row_bytes=s * row,
-                    dram_stride=h * s * row, sram_stride=s * row)  # fmt: skip
-        scatter = emit("scatter", dram=gbase + head * per_head * row, sram_idx=idx, count=rows,
-                       row_bytes=row, dram_stride=row, sram=buf, sram_stride=row, limit=per_head)  # fmt: skip
+        load, scatter = head_copy(head, ring.addr(len(steps)))
         steps.append(Step(loads=[load], stores=[scatter]))
     return [ctx.kernel(steps, arena)]
 

@@ -9,7 +9,10 @@ reserve different lengths: the work of a step follows the context in use, not th
 compiles once (``mcpc.compile(..., decoder=DecoderBuild(max_seq))``); each context runs one
 ``decode`` call of one sequence whose blocks are 0, 1, …, timing-only (its cycles equal the
 functional run's), and prints its cycles, the KV bytes its gathers read and those bytes ÷ the
-target's DRAM bandwidth.
+target's DRAM bandwidth, the step's DRAM roofline ((the weight bytes a step reads + those KV bytes)
+÷ bandwidth), the latency of its dependency chain and the bound roofline ÷ 0.85 + chain it is held
+to (docs/timing.md, "The dependency chain").  ``--save DIR`` writes each build's .mcpb there, and
+``--program P.mcpb`` measures a saved build instead of compiling.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ from pathlib import Path
 import numpy as np
 
 import mcpc
+from mcpc.arch.mcpb import write_mcpb
 from mcpc.decoder_check import paged_feeds
 from mcpc.ir.decoder_import import DecoderBuild
 from mcpc.sim import Session
-from mcpc.sim.loader import from_program
+from mcpc.sim.decoder import ROOFLINE_EFFICIENCY, step_weight_bytes
+from mcpc.sim.loader import LoadedProgram, from_program, load_program
 
 
 def _default_onnx() -> Path:
@@ -35,9 +40,10 @@ def _default_onnx() -> Path:
     return cache_dir() / "smollm2-decode.onnx"
 
 
-def step_cycles(program, context: int) -> tuple[int, int]:
-    """(cycles, KV bytes gathered) of one decode call at ``context`` tokens (timing-only)."""
-    loaded = from_program(program)
+def step_cycles(program, context: int) -> tuple[int, int, int]:
+    """(cycles, KV bytes gathered, chain latency) of one decode call at ``context`` tokens
+    (timing-only)."""
+    loaded = program if isinstance(program, LoadedProgram) else from_program(program)
     info = loaded.meta["decoder"]
     gather = info["max_batch"] * -(-info["max_seq"] // 64)
     blocks = -(-context // 64)
@@ -55,7 +61,8 @@ def step_cycles(program, context: int) -> tuple[int, int]:
         if loaded.mnemonics[i] == "gather" and loaded.instr(i).fields["count_reg"]
     ]  # fmt: skip
     kv = int(sum(loaded.dram_read[i] for i in blocks_read))
-    return session.last_profile["cycles"], kv
+    prof = session.last_profile
+    return prof["cycles"], kv, prof["roofline"]["chain_latency_cycles"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,21 +72,45 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", default="mcp2026-a100")
     ap.add_argument("--max-seq", type=int, nargs="+", default=[128, 2048])
     ap.add_argument("--contexts", type=int, nargs="+", default=[64, 512, 1024])
+    ap.add_argument("--save", type=Path, default=None, help="write each build's .mcpb into this directory")
+    ap.add_argument("--program", type=Path, nargs="+", default=None, help="measure saved builds instead")
     args = ap.parse_args(argv)
-    onnx_path = args.onnx or _default_onnx()
-    print(f"{onnx_path.name}, {args.config}, {args.target}")
-    print("max_seq  context      cycles   KV bytes read  KV bytes / DRAM bw (cycles)")
-    for max_seq in args.max_seq:
-        t0 = time.perf_counter()
-        res = mcpc.compile(str(onnx_path), target=args.target, qat_config=args.config,
-                           decoder=DecoderBuild(max_seq=max_seq))  # fmt: skip
-        bw = from_program(res.program).target.dram_bytes_per_cycle
-        print(f"  (build --max-seq {max_seq}: {time.perf_counter() - t0:.0f} s)")
+    if args.program:
+        builds = [(None, p) for p in args.program]
+        print(f"{', '.join(p.name for p in args.program)}")
+    else:
+        onnx_path = args.onnx or _default_onnx()
+        builds = [(m, None) for m in args.max_seq]
+        print(f"{onnx_path.name}, {args.config}, {args.target}")
+    print(
+        "max_seq  context      cycles   KV bytes read  KV bytes / DRAM bw (cycles)    roofline"
+        "       chain  roof/0.85+chain  cycles/bound"
+    )
+    for max_seq, path in builds:
+        if path is None:
+            t0 = time.perf_counter()
+            res = mcpc.compile(str(onnx_path), target=args.target, qat_config=args.config,
+                               decoder=DecoderBuild(max_seq=max_seq))  # fmt: skip
+            print(f"  (build --max-seq {max_seq}: {time.perf_counter() - t0:.0f} s)")
+            if args.save:
+                args.save.mkdir(parents=True, exist_ok=True)
+                write_mcpb(args.save / f"{onnx_path.stem}-{args.config}-{max_seq}.mcpb", res.program)
+            loaded = from_program(res.program)
+        else:
+            loaded = load_program(path)
+        max_seq = loaded.meta["decoder"]["max_seq"]
+        bw = loaded.target.dram_bytes_per_cycle
+        weights = step_weight_bytes(loaded, "decode")
         for context in args.contexts:
             if context > max_seq:
                 continue
-            cycles, kv = step_cycles(res.program, context)
-            print(f"{max_seq:7d}  {context:7d}  {cycles:10d}  {kv:14d}  {kv / bw:12.0f}")
+            cycles, kv, chain = step_cycles(loaded, context)
+            roof = (weights + kv) / bw
+            bound = roof / ROOFLINE_EFFICIENCY + chain
+            print(
+                f"{max_seq:7d}  {context:7d}  {cycles:10d}  {kv:14d}  {kv / bw:12.0f}  {roof:25.0f}  "
+                f"{chain:10d}  {bound:15.0f}  {cycles / bound:12.3f}"
+            )
     return 0
 
 

@@ -20,6 +20,7 @@ from mcpc.arch.isa import ENGINES
 from mcpc.errors import InputError, SimTrap
 
 from . import fastpath, numeric
+from .chain import chain_latency
 from .loader import LoadedProgram, from_program, load_program
 from .machine import N_REGS, PACKED, Machine, nbytes, pack4, unpack4
 from .profile import build_profile, trace_events
@@ -231,6 +232,7 @@ def run_program(
         outputs[b["name"]] = flat.reshape(shape)
     program.record_extents()
     profile = build_profile(program, entry, order, issue, done, stall)
+    profile["roofline"]["chain_latency_cycles"] = chain_latency(program, order, program._chains)
     profile["tokens_left"] = tokens_left
     # no values in a timing-only run: nothing to check (None, not a "clean" that was never checked)
     profile["numeric"] = None if timing_only else numeric.report(program, m.numeric, outputs)

@@ -86,6 +86,7 @@ def _print_timing(console, r: dict) -> None:
             f"DRAM roofline       {r['roofline_us_per_token']:.4g} µs per step ((weights + KV in use) / "
             f"{r['dram_bandwidth_gbps']:g} GB/s): the step takes {r['roofline_ratio']:.2f}x it"
         )
+        _print_bound(console, r)
     shared = (
         "" if r["kv_bytes"] == r["kv_bytes_unshared"] else f" ({r['kv_bytes_unshared']:,} without sharing)"
     )
@@ -98,6 +99,36 @@ def _print_timing(console, r: dict) -> None:
             f"KV stored as        {k['quant']}{policy}: {store['stored_blocks']} full blocks stored, "
             f"{store['fp16_retained_head_blocks']} head blocks kept unquantized by the error check "
             f"(quant_tol {k['quant_tol']:g})"
+        )
+
+
+PER_STEP_LINES = 32  # decode steps printed one per line; more are summarised (all are in --json)
+
+
+def _print_bound(console, r: dict) -> None:
+    """Each decode step's cycles beside its DRAM roofline, its dependency-chain latency and the bound
+    roofline / 0.85 + chain (docs/timing.md, "The dependency chain")."""
+    from .decoder import ROOFLINE_EFFICIENCY
+
+    bound = r.get("decode_bound_cycles")
+    if bound is None:
+        return
+    cyc, roof, chain = r["decode_cycles"], r["decode_roofline_cycles"], r["decode_chain_cycles"]
+    console.print(
+        f"bound               roofline / {ROOFLINE_EFFICIENCY:g} + dependency chain = "
+        f"{r['bound_cycles_per_token']:,.0f} cycles per step (mean; chain "
+        f"{r['chain_cycles_per_token']:,.0f}): "
+        + ("every step within it" if r["within_bound"] else "some step exceeds it")
+    )
+    rows = list(range(len(cyc)))
+    if len(rows) > PER_STEP_LINES:  # the steps furthest over their bound
+        rows = sorted(sorted(rows, key=lambda i: bound[i] - cyc[i])[:PER_STEP_LINES])
+        console.print(f"  ({PER_STEP_LINES} of {len(cyc)} steps, the closest to their bound; all in --json)")
+    console.print("  step  context      cycles    roofline       chain       bound")
+    for i in rows:
+        console.print(
+            f"  {i:4d}  {r['decode_context'][i]:7d}  {cyc[i]:10,d}  {roof[i]:10,.0f}  {chain[i]:10,d}  "
+            f"{bound[i]:10,.0f}"
         )
 
 

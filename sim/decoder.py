@@ -15,8 +15,9 @@ many positions it attends), the padded ids and positions, and the ``kv_blocks`` 
 K/V never leave the simulated NPU: the host sends ids and slots and reads logits.
 
 Timing comes from the Session's profile of each call: TTFT is the prefill cycles of the prompt,
-time per output token the mean decode step; beside them the DRAM roofline of a decode step, (all
-weight bytes + the KV bytes in use at that context) / the target's DRAM bandwidth.
+time per output token the mean decode step; beside them the DRAM roofline of a decode step, (the
+weight bytes a step reads + the KV bytes in use at that context) / the target's DRAM bandwidth, the
+latency of the step's dependency chain (sim/chain.py) and the bound roofline / 0.85 + chain.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from mcpc.errors import InputError, UsageError
 from .kv_manager import KVManager
 
 KV_INPUTS = ("kv_slot", "kv_gather", "kv_start", "kv_len")
+# The bound a decode step is held to (issue 10): roofline / ROOFLINE_EFFICIENCY + its chain latency.
+ROOFLINE_EFFICIENCY = 0.85
 KV_BLOCKS_REG = "kv_blocks"
 _DTYPE_ALIASES = {"fp32": "f32", "fp16": "f16", "bf16": "bf16", "int8": "i8", "uint8": "u8"}
 
@@ -184,6 +187,53 @@ def _nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return lse - z[np.arange(len(targets)), targets]
 
 
+def step_weight_bytes(program: Any, entry: str = "decode") -> int:
+    """The constant (weight) bytes one call of ``entry`` reads from DRAM: the union of the constant
+    bytes its loads read (a weight read twice counts once), plus the rows its gathers pick from a
+    constant table that no load reads whole (an embedding look-up reads its rows; a table the
+    loads read anyway — a tied LM head — counts once).  A gather of a run-time count counts its
+    capacity.  A program without instructions to look at (a stand-in) counts all its constants."""
+    consts = [
+        (int(r["dram"]), int(r["dram"]) + int(r["bytes"]))
+        for r in (getattr(program, "memory_map", None) or {}).get("regions") or []
+        if r.get("kind") == "const" and r.get("bytes")
+    ]
+    if not hasattr(program, "mnemonics") or entry not in program.entries:
+        return len(program.program.constants)
+
+    def const(lo: int) -> bool:
+        return any(a <= lo < b for a, b in consts)
+
+    start, count = program.entries[entry]
+    spans: list[tuple[int, int]] = []
+    gathers: list[tuple[int, int, int]] = []
+    for idx in range(start, start + count):
+        op = program.mnemonics[idx]
+        if op not in ("load", "gather"):
+            continue
+        f = program.instr(idx).fields
+        lo = f["dram"]
+        if f["dram_reg"] or not const(lo):
+            continue
+        n = f["rows"] if op == "load" else max(f["limit"], 1)
+        hi = lo + (n - 1) * f["dram_stride"] + f["row_bytes"]
+        if op == "load":
+            spans.append((lo, hi))
+        else:
+            gathers.append((lo, hi, f["count"] * f["row_bytes"]))
+    merged: list[list[int]] = []
+    for lo, hi in sorted(spans):
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    total = sum(hi - lo for lo, hi in merged)
+    for lo, hi, n in gathers:
+        if not any(a <= lo and hi <= b for a, b in merged):
+            total += min(n, hi - lo)
+    return total
+
+
 class DecoderSession:
     """Runs a decoder build's `prefill`/`decode` entries over one KV manager (module docstring).
 
@@ -240,6 +290,7 @@ class DecoderSession:
         )
         self._peak = self._peak_unshared = 0  # a compressing build's peaks, after each call's stores
         self.weight_bytes = len(loaded.program.constants)
+        self.step_weight_bytes = step_weight_bytes(loaded, "decode")
         self.bytes_per_us = self.target.dram.bandwidth_gbps * 1e3
         self.steps: list[dict] = []  # one record per call: entry, cycles, sequences, kv_bytes
         self._next_id = 0
@@ -277,7 +328,8 @@ class DecoderSession:
             {"entry": entry, "cycles": int(prof["cycles"]), "sequences": len(pairs),
              "context": [it.past + len(it.tokens) for it in items],
              "kv_bytes": self.kv.bytes_of([s for s, _ in pairs]), "attention_cycles": int(attention),
-             "dram_read_bytes": int(prof.get("dram_read_bytes", 0))}
+             "dram_read_bytes": int(prof.get("dram_read_bytes", 0)),
+             "chain_cycles": (prof.get("roofline") or {}).get("chain_latency_cycles")}
         )  # fmt: skip
         if self.timing_only:
             return None
@@ -424,12 +476,19 @@ class DecoderSession:
             ),
             "kv_block_bytes": block_bytes(self.meta),
             "weight_bytes": self.weight_bytes,
+            "weight_bytes_per_step": self.step_weight_bytes,
             "kv_store": None if self.compressed is None else self.compressed.report(),
             "dram_bandwidth_gbps": self.target.dram.bandwidth_gbps,
         }
         if dec:
             cyc = float(np.mean([s["cycles"] for s in dec]))
-            roof = float(np.mean([(self.weight_bytes + s["kv_bytes"]) / self.bytes_per_us for s in dec]))
+            roof = float(np.mean([(self.step_weight_bytes + s["kv_bytes"]) / self.bytes_per_us for s in dec]))
+            per_cycle = self.bytes_per_us / mhz  # DRAM bytes a cycle
+            roof_cyc = [(self.step_weight_bytes + s["kv_bytes"]) / per_cycle for s in dec]
+            chain = [s["chain_cycles"] for s in dec]
+            bound = None
+            if None not in chain:
+                bound = [r / ROOFLINE_EFFICIENCY + c for r, c in zip(roof_cyc, chain, strict=True)]
             out.update(
                 cycles_per_token=cyc,
                 latency_us_per_token=cyc / mhz,
@@ -440,6 +499,15 @@ class DecoderSession:
                 decode_context=[sum(s["context"]) for s in dec],
                 decode_kv_bytes=[s["kv_bytes"] for s in dec],
                 decode_attention_cycles=[s["attention_cycles"] for s in dec],
+                decode_roofline_cycles=roof_cyc,
+                decode_chain_cycles=chain,
+                decode_bound_cycles=bound,
+                roofline_cycles_per_token=float(np.mean(roof_cyc)),
+                chain_cycles_per_token=None if bound is None else float(np.mean(chain)),
+                bound_cycles_per_token=None if bound is None else float(np.mean(bound)),
+                within_bound=None
+                if bound is None
+                else all(s["cycles"] <= b for s, b in zip(dec, bound, strict=True)),
             )
         else:  # one new token: no decode step was run
             out.update(

@@ -2,6 +2,7 @@
 vattn) and simulated in a Session: bit-identical to the IR interpreter step after step, work that
 follows the context in use and not the reservation, traps for bad slots, block ids and windows."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from mcpc.backend.compile import persistent_ranges
 from mcpc.backend.hazards import check_hazards
 from mcpc.errors import InputError, SimTrap, UnsupportedError
 from mcpc.ir import parse_module
+from mcpc.ir.decoder_import import DecoderBuild
 from mcpc.ir.interpreter import ModuleState, interpret
 from mcpc.sim import Session
 from mcpc.sim.loader import from_program
@@ -176,3 +178,62 @@ def test_bad_slots_block_ids_and_windows_trap(step, over, match):
         Session(step).run(inputs, registers=regs)
     with pytest.raises(InputError, match="outside"):  # the interpreter refuses them too
         interpret(step.module, inputs, "step", ModuleState(step.module), regs)
+
+
+def test_the_heads_of_a_kv_store_scatter_without_waiting_for_each_other():
+    # 3 KV heads, more than the 2 input slots of a kernel: each head has a buffer of its own in one
+    # copy step, so no scatter waits for an earlier one to land (a DRAM latency)
+    program = mcpc.compile(parse_module(_decoder_attention(1, 2, heads=(6, 3))), qat_config="fp32").program
+    loaded = from_program(program)
+    session = Session(loaded)
+    shapes = {b["name"]: b["shape"] for b in loaded.io["decode"]["inputs"]}
+    rng = np.random.default_rng(0)
+    inputs = {n: rng.standard_normal(shapes[n]).astype(np.float32) for n in ("q", "kn", "vn")}
+    inputs |= {"slot": np.array([9], np.int32), "gather": np.array([0, 0], np.int32),
+               "start": np.array([0], np.int32), "len": np.array([10], np.int32)}  # fmt: skip
+    session.run(inputs, registers={"kv_blocks": 1}, trace=True)
+    clk = loaded.target.clock_mhz
+    scatters = sorted(
+        (ev["args"]["addr"], ev["ts"] * clk)
+        for ev in session.last_trace
+        if ev.get("ph") == "X" and ev["name"] == "scatter"
+    )
+    assert len(scatters) == 6  # K then V, three heads each
+    for times in ([t for _, t in scatters[:3]], [t for _, t in scatters[3:]]):
+        assert max(times) - min(times) < loaded.target.dram_latency_cycles, times
+
+
+def test_a_decoder_build_copies_the_new_k_v_rows_on_chip():
+    # the K/V projections' results stay in SRAM (keep-in-sram): kv_store copies them into its
+    # buffers instead of storing them and loading them back; only the slots come from DRAM
+    decoders = Path(__file__).parents[1] / "llm" / "decoders"
+    rec = json.loads((decoders / "decoders.json").read_text())["models"]["gpt2"]  # 4 KV heads, 2 slots
+    res = mcpc.compile(str(decoders / rec["file"]), qat_config="fp16", decoder=DecoderBuild(max_seq=128))
+    loaded = from_program(res.program)
+    start, count = loaded.entries["decode"]
+    stores = [i for i in range(start, start + count) if loaded.ir_ops[loaded.ir_op_of[i]] == "mcp.kv_store"]
+    ops = [loaded.mnemonics[i] for i in stores]
+    layers = res.program.meta["decoder"]["layers"]
+    assert ops.count("load") == 2 * layers  # the slots of K and of V, per layer
+    assert ops.count("scatter") == ops.count("vun") == 2 * layers * res.program.meta["decoder"]["kv_heads"]
+
+
+def test_kv_store_through_the_input_slots_when_its_rows_are_many(monkeypatch):
+    # rows beyond an eighth of the scratchpad: one copy step per head through the kernel's slots,
+    # still bit-identical and race-free (forced here by asking a share no kv_store meets)
+    one_step = [i.op for i in mcpc.compile(parse_module(STEP), qat_config="fp32").program.instructions()]
+    monkeypatch.setattr("mcpc.backend.lower_kv.ONE_STEP_SHARE", 1 << 40)
+    step = mcpc.compile(parse_module(STEP), qat_config="fp32")
+    program = step.program
+    regions = persistent_ranges(program.memory_map["regions"])
+    regs = [None if r == 1 else 0 for r in range(N_REGS)]
+    check_hazards(program.instructions(), regs=regs, regions=regions)
+    ops = [i.op for i in program.instructions()]
+    assert ops.count("scatter") == 4
+    # an EX nop per copy step: the slots' step and one per head (2 kv_stores x 2 heads), not one each
+    assert ops.count("nop") == one_step.count("nop") + 2 * 2
+    state = ModuleState(step.module)
+    session = Session(step)
+    for inputs, regs in _walk(step, steps=5):
+        want = interpret(step.module, inputs, "step", state, regs)["out"]
+        np.testing.assert_array_equal(session.run(inputs, registers=regs)["out"], want)

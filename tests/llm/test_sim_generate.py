@@ -60,6 +60,14 @@ def test_generate_gives_onnx_runtimes_24_greedy_tokens(build, tmp_path):
     )
     assert report["kv_bytes"] == block_bytes(DecoderSession(program).meta)  # 8 + 23 positions: one block
     assert "TTFT" in res.output and "DRAM roofline" in res.output
+    # each step beside its roofline, chain latency and bound (roofline / 0.85 + chain)
+    roof, chain, bound = (report[f"decode_{k}_cycles"] for k in ("roofline", "chain", "bound"))
+    assert all(0 < c <= cyc for c, cyc in zip(chain, report["decode_cycles"], strict=True))
+    assert bound == pytest.approx([r / 0.85 + c for r, c in zip(roof, chain, strict=True)])
+    assert "dependency chain" in res.output and f"{chain[0]:,d}" in res.output
+    # the roofline counts what a step reads: the embedding's gathered rows, not its whole table
+    # (GPT-2 and these fixtures keep separate embedding and LM head tables)
+    assert 0 < report["weight_bytes_per_step"] < report["weight_bytes"]
 
 
 def test_eval_ppl_equals_onnx_runtimes_perplexity(build, tmp_path):
