@@ -16,6 +16,11 @@ heads share the window table), and store the rows back head by head.  The ``vatt
 window reaching past ``r[nblocks] · block_size`` rows (its ``kv_reg``: a register the entry's
 register kernel sets to that product), so rows of blocks not gathered in this call are never read.
 
+With ``heat_global`` (a decoder build whose KV policy reads the attention) each ``vattn`` sets its
+``heat`` bit: it also writes, after its result rows, a [capacity, group] f32 table of each query
+head's summed attention per gathered position, and one more ``store`` (its row count the register
+of the K/V rows in use) writes the group's columns of the layer's rows of the heat global.
+
 Work per call follows the context in use: the gathers move ``r[nblocks]`` blocks (a run-time
 extent), ``vattn`` is costed from the window lengths it reads.  SRAM holds the gathered K and V of
 the whole capacity (double-buffered across KV heads); a build whose capacity does not fit is

@@ -15,7 +15,9 @@ cache, whole reserved blocks otherwise) and the mean decode step's cycles.  For 
 from a Q4_1 GGUF, so even the "fp32" baseline carries 4-bit weights.
 
 The simulated cycles do not depend on the KV storage (the stored blocks are kept by the host
-between calls, docs/kv-cache.md): the cycles column differs by build, not by KV setting.
+between calls, docs/kv-cache.md): the cycles column differs by build, not by KV setting, except for
+the work of writing the attention heat in the ``topk_entropy`` and ``heavy_hitter`` builds
+(docs/decoding.md, "Attention heat"), which they are charged.
 """
 
 from __future__ import annotations

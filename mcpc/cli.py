@@ -277,6 +277,10 @@ def _decoder_line(report) -> str:
     if kv:  # stored by the host as mcpc.kv blocks (docs/kv-cache.md, "In a decoder build")
         policy = "" if kv["policy"] == "none" else f" + {kv['policy']} dropping {kv['sparsity_ratio']:g}"
         line += f", stored as {kv['quant']}{policy}"
+    heat = d.get("heat")
+    if heat:  # the program writes its attention heat for the host (docs/decoding.md, "Attention heat")
+        window = "" if heat.get("min_window") is None else f", dynamic window (min {heat['min_window']})"
+        line += f", attention heat out{window}"
     checks = report.get("decoder_check") or []
     for check, what in zip(checks, ("imported", "built"), strict=False):
         err = check["errors"].get("logits", 0.0)

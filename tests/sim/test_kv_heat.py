@@ -87,6 +87,11 @@ def test_meta_names_the_heat_only_for_builds_that_read_the_attention(builds):
     assert builds["window"].report["decoder"]["kv_quant"] is None  # nothing compressed
     vattn = [i for i in builds["heavy_hitter"].program.instructions() if i.op == "vattn"]
     assert vattn and all(i.fields["heat"] == 1 for i in vattn)
+    from mcpc.cli import _decoder_line  # mcp-compile's summary says so
+
+    assert "attention heat out" not in _decoder_line(builds["plain"].report)
+    assert "heavy_hitter dropping 0.7, attention heat out;" in _decoder_line(builds["heavy_hitter"].report)
+    assert "attention heat out, dynamic window (min 8);" in _decoder_line(builds["window"].report)
 
 
 def test_accumulated_heat_is_the_interpreters_and_sums_to_the_query_rows(builds):
