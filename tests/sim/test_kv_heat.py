@@ -220,3 +220,25 @@ def test_settings_say_when_the_attention_is_needed():
     assert KvSettings(dynamic_window=True).needs_attention
     assert not KvSettings(policy="heavy_hitter", sparsity_ratio=0.0).needs_attention
     assert not KvSettings(quant="int8", policy="topk_magnitude", sparsity_ratio=0.7).needs_attention
+
+
+def test_batched_sequences_get_their_own_heat():
+    """Two sequences decoded together: each one's heat is read from its own part of the gathered
+    buffer (gathered row base_b + p is its position p), as when it runs alone."""
+    built = mcpc.compile(
+        str(DECODERS / LLAMA["file"]),
+        qat_config=with_kv_flags(driver.load_qat_config("fp32"), None, 0.7, "heavy_hitter", 128),
+        decoder=DecoderBuild(max_seq=128, max_batch=2, prefill_chunk=16),
+    )
+    prompts = [PROMPT[:70], PROMPT[5:30]]
+    together = DecoderSession(built, prefix_sharing=False)
+    seqs = [together.new_sequence()[0] for _ in prompts]
+    together.prefill(list(zip(seqs, prompts, strict=True)))
+    together.decode(seqs, [7, 9])
+    for seq, prompt, tok in zip(seqs, prompts, [7, 9], strict=True):
+        alone = DecoderSession(built, prefix_sharing=False)
+        s, _ = alone.new_sequence()
+        alone.prefill([(s, prompt)])
+        alone.decode([s], [tok])
+        np.testing.assert_allclose(together.heat.seqs[seq], alone.heat.seqs[s], rtol=1e-5, atol=1e-7)
+        assert together.heat.seqs[seq][:, :, : len(prompt) + 1].sum() > 0
