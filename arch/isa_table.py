@@ -87,6 +87,7 @@ ADDRESS_FIELDS = frozenset(
         "scale_ptr",
         "kv",
         "win",
+        "desc",
     }
 )
 
@@ -167,6 +168,7 @@ FIELD_DOCS: dict[str, str] = {
     "scale": "float32 factor applied to the scores q·k",
     "heat": "1: also write the attention heat, a kv_rows x share f32 table at dst + the result's bytes "
     "rounded up to 4 (`vattn`)",
+    "desc": "DRAM byte address of a descriptor table: 16 bytes per block (address, bytes, tag)",
 }
 
 
@@ -308,6 +310,16 @@ def _access_scatter(f: Mapping[str, Any]) -> list[Access]:
 def vattn_heat_offset(rows: int, head_dim: int, in_dtype: str) -> int:
     """Byte offset from ``dst`` of a ``vattn``'s heat table (the result's bytes rounded up to 4)."""
     return -(-int(rows * head_dim * _size(in_dtype)) // 4) * 4
+
+
+def _access_kvdecomp(f: Mapping[str, Any]) -> list[Access]:
+    # the plain table and the descriptor table: rows the indices (data) pick; the pool bytes a
+    # descriptor names are data too, and only the host writes them (between calls)
+    plain = ("dram", f["dram"], max(f["limit"], 1), f["row_bytes"], f["row_bytes"], 1, False, 0)
+    desc = ("dram", f["desc"], max(f["limit"], 1), 16, 16, 1, False, 0)
+    idx = _sram(f["sram_idx"], 1, f["count"], 0, 4)
+    dst = ("sram", f["sram"], f["count"], f["row_bytes"], f["row_bytes"], 1, True, 0)
+    return [*_regs(f, "count_reg"), idx, desc, plain, dst]
 
 
 def _access_vattn(f: Mapping[str, Any]) -> list[Access]:
@@ -564,7 +576,28 @@ _SPECS: list[InstrSpec] = [
     _reserved("kvcomp", 16, "Reserved: KV-cache compression (INT8 asymmetric, block-sparse top-k).",
               semantics="INT8 asymmetric and block-sparse top-k KV compression, delta-coded indices, "
               "CRC-8 per block."),
-    _reserved("kvdecomp", 17, "Reserved: KV-cache decompression."),
+    _spec("kvdecomp", 17, LD,
+          "dram u40, desc u40, sram_idx u32, sram u32, count u20, row_bytes u24, limit u24, head_dim u16, "
+          "kv_dtype dtype, count_reg u4",
+          "Gathers KV blocks by their descriptors: a compressed block is read from its stored bytes "
+          "(CRC-8 checked) and decoded, a plain one copied from the table at `dram`.",
+          execute="compile_kvdecomp", cost="kvdecomp_cost", access=_access_kvdecomp, data_cost=True,
+          twin="mcpc.kv.load_kv_block (the K/V blocks mcp.paged_attention reads in a build that stores "
+          "its cache compressed; one kvdecomp per KV head for K and one for V)",
+          semantics="For i in 0..C-1 (C = `count`, or r[count_reg] clamped to [0, count] when "
+          "`count_reg` ≠ 0): idx = the i32 at `SRAM[sram_idx + 4i]`; idx outside [0, limit) traps; the "
+          "descriptor at `DRAM[desc + 16·idx : +16]` is four u32: address (low, high), nbytes, tag "
+          "(kind in bits 0–7, K/V bit 8, KV head bits 9–15, layer bits 16–31: `mcpc.kv.pool`). Kind 0 "
+          "(plain): `SRAM[sram + i·row_bytes : +row_bytes] = DRAM[dram + idx·row_bytes : +row_bytes]`, "
+          "as `gather`. Kind 1 (compressed): the `nbytes` bytes at `address` are one stored block "
+          "(docs/kv-cache.md); its CRC-8 is checked first (a mismatch, or bytes that do not parse, "
+          "traps naming the block id, layer, K|V and head, and nothing of the block is written), then "
+          "its rows (`mcpc.kv.load_kv_block` to `kv_dtype`: INT8_Asymmetric dequantized, dropped "
+          "values 0) fill the row, zeros after its last token; a block whose width is not `head_dim` or "
+          "whose rows exceed `row_bytes` traps. Another kind traps. Costed at execution from the "
+          "descriptors read: the DRAM channel streams 16 bytes per descriptor plus each block's bytes "
+          "(nbytes, or `row_bytes` for a plain block), then the decoder writes the decoded elements at "
+          "the vector engine's `kv_dtype` rate (docs/timing.md)."),
     _reserved("entry", 18, "Reserved: entry-point features (calls between entries)."),
     _spec("salu", 19, EX, "func enum:salu, rd u4, rs1 u4, rs2 u4, simm s32",
           "Scalar ALU: r[rd] = func(r[rs1], r[rs2] + simm), 32-bit wrapping.",

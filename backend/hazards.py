@@ -76,7 +76,7 @@ def replay_tokens(instrs: Sequence[Instr]) -> list[tuple[int, int, int]]:
 # QParam group; both are state the engines share, ordered by tokens like SRAM and DRAM bytes.
 MEMORIES = ("sram", "dram", "reg", "qparam")
 # Indexed DMA: its DRAM side is a table whose rows the indices (data) pick.
-INDEXED = frozenset({"gather", "scatter"})
+INDEXED = frozenset({"gather", "scatter", "kvdecomp"})
 # A DRAM access offset by a register whose value is not known statically may touch any byte.
 DRAM_ANY = (0, 1 << 62)
 

@@ -37,6 +37,7 @@ from mcpc.backend.lowering import LoweringContext, register_lowering
 from mcpc.backend.schedule import Kernel, Step
 from mcpc.errors import PassError, UnsupportedError
 from mcpc.ir import ops
+from mcpc.kv.pool import DESC, DESC_BYTES, desc_column
 
 
 class KVCacheDoesNotFit(UnsupportedError, PassError):
@@ -93,6 +94,37 @@ def lower_kv_store(op: Any, ctx: LoweringContext) -> list[Kernel]:
                        row_bytes=row, dram_stride=row, sram=buf, sram_stride=row, limit=per_head)  # fmt: skip
         steps.append(Step(loads=[load], stores=[scatter]))
     return [ctx.kernel(steps, arena)]
+
+
+def _kvdecomp_loads(
+    op: Any, ctx: LoweringContext, kh: int, ids: int, kv_buf: int, cap: int, reg: int
+) -> list[Any]:
+    """A build storing its cache compressed (module global ``kv_desc``, ``mcpc.kv.pool``): one
+    ``kvdecomp`` for K and one for V of KV head ``kh`` in place of the two ``gather``s, reading each
+    gathered block through its descriptor (the layer from the K global's name ``kv_k_<i>``)."""
+    d, bs = op.operands[0].type.shape[3], int(op.attrs["block_size"])
+    kt = ctx.global_types[op.attrs["k_global"]]
+    kv, kvb = int(op.attrs["kv_heads"]), elem_bytes(kt, op)
+    per_head = kt.shape[0] // kv
+    blocks, block_bytes = per_head // bs, bs * d * kvb
+    try:
+        layer = int(str(op.attrs["k_global"]).rsplit("_", 1)[1])
+    except (IndexError, ValueError):
+        raise UnsupportedError(
+            f"backend: {op.describe()}: a compressed KV cache needs the layer in the K global's name "
+            f"(kv_k_<layer>), not @{op.attrs['k_global']}"
+        ) from None
+    _field(op, "limit", blocks, U24, "the cache blocks per head")
+    out = []
+    for part, name in enumerate((op.attrs["k_global"], op.attrs["v_global"])):
+        column = desc_column(layer, part, kh, kv, blocks - 1)
+        out.append(ctx.emitter.emit(
+            "kvdecomp", dram=ctx.globals[name] + kh * per_head * d * kvb,
+            desc=ctx.globals[DESC] + DESC_BYTES * column,
+            sram_idx=ids, sram=kv_buf + part * cap * d * kvb, count=op.operands[1].type.shape[0],
+            row_bytes=block_bytes, limit=blocks, head_dim=d, kv_dtype=kt.dtype.name, count_reg=reg,
+        ))  # fmt: skip
+    return out
 
 
 @register_lowering(ops.PagedAttentionOp)
@@ -156,12 +188,16 @@ def lower_paged_attention(op: Any, ctx: LoweringContext) -> list[Kernel]:
     for kh in range(kv):
         rank, kv_buf = len(steps), kv_ring.addr(len(steps))
         q_buf, o_buf = q_ring.addr(rank), o_ring.addr(kh)
-        loads = [
-            emit("gather", dram=ctx.globals[name] + kh * per_head * d * kvb, sram_idx=ids, count=cap_blocks,
-                 row_bytes=block_bytes, dram_stride=block_bytes, sram=kv_buf + part * cap * d * kvb,
-                 sram_stride=block_bytes, limit=per_head // bs, count_reg=reg_blocks)
-            for part, name in enumerate((k_name, v_name))
-        ]  # fmt: skip
+        if DESC in ctx.globals:  # the cache is stored compressed: blocks read through their descriptors
+            loads = _kvdecomp_loads(op, ctx, kh, ids, kv_buf, cap, reg_blocks)
+        else:
+            loads = [
+                emit("gather", dram=ctx.globals[name] + kh * per_head * d * kvb, sram_idx=ids,
+                     count=cap_blocks, row_bytes=block_bytes, dram_stride=block_bytes,
+                     sram=kv_buf + part * cap * d * kvb, sram_stride=block_bytes, limit=per_head // bs,
+                     count_reg=reg_blocks)
+                for part, name in enumerate((k_name, v_name))
+            ]  # fmt: skip
         loads += [
             emit("load", dram=qa + (kh * group + g) * head_rows, sram=q_buf + g * rows * d * qb, rows=b,
                  row_bytes=head_rows, dram_stride=hq * head_rows, sram_stride=head_rows)

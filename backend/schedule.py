@@ -103,7 +103,7 @@ _REGISTER_FIELDS = ("reg", "rd", "rs1", "rs2", "dram_reg", "rows_reg", "count_re
 # table (which waits for the vattn).
 _REGISTER_READS = {
     "load": ("dram_reg",), "store": ("dram_reg", "rows_reg"), "gather": ("dram_reg", "count_reg"),
-    "scatter": ("dram_reg", "count_reg"), "vattn": ("kv_reg",),
+    "scatter": ("dram_reg", "count_reg"), "vattn": ("kv_reg",), "kvdecomp": ("count_reg",),
 }  # fmt: skip
 
 

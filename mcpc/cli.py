@@ -274,9 +274,12 @@ def _decoder_line(report) -> str:
         f"{d['layers']} layers, KV cache {d['kv_blocks']} blocks of {d['block']} tokens in {d['kv_dtype']}"
     )
     kv = d.get("kv_quant")
-    if kv:  # stored by the host as mcpc.kv blocks (docs/kv-cache.md, "In a decoder build")
+    if kv:  # stored as mcpc.kv blocks (docs/kv-cache.md, "In a decoder build")
         policy = "" if kv["policy"] == "none" else f" + {kv['policy']} dropping {kv['sparsity_ratio']:g}"
         line += f", stored as {kv['quant']}{policy}"
+        pool = d.get("kv_pool")
+        if pool:  # where the full blocks live in NPU DRAM, read by kvdecomp (docs/kv-cache.md)
+            line += f" in a {pool['pool_bytes']:,}-byte pool"
     heat = d.get("heat")
     if heat:  # the program writes its attention heat for the host (docs/decoding.md, "Attention heat")
         window = "" if heat.get("min_window") is None else f", dynamic window (min {heat['min_window']})"

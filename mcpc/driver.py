@@ -312,6 +312,8 @@ def _check_decoder(built, module, config) -> dict:
 
     settings = kv_settings(config, info["layers"])  # how the host stores the cache (docs/kv-cache.md)
     info["kv_quant"] = settings.to_json() if settings is not None and settings.compresses else None
+    if info["kv_quant"] is not None:
+        info["kv_pool"] = _add_kv_pool(module, info)
     info["heat"] = None
     if settings is not None and settings.needs_attention:  # the program writes its attention heat
         from mcpc.ir.decoder_import import enable_attention_heat
@@ -319,6 +321,22 @@ def _check_decoder(built, module, config) -> dict:
         info["heat"] = enable_attention_heat(module)
         info["heat"]["min_window"] = settings.min_window if settings.dynamic_window else None
     return info
+
+
+def _add_kv_pool(module, info: dict) -> dict:
+    """A build storing its cache compressed gets the pool of stored blocks and their descriptor
+    table as persistent buffers (``mcpc.kv.pool``; the lowering of ``mcp.paged_attention`` then
+    reads the blocks with ``kvdecomp``); returns their sizes for META ``decoder.kv_pool``."""
+    from mcpc.ir.core import GlobalDecl
+    from mcpc.ir.dtypes import I32, U8
+    from mcpc.ir.types import TensorType
+    from mcpc.kv.pool import DESC, POOL, pool_layout
+
+    act = module.globals["kv_k_0"].type.dtype
+    layout = pool_layout(info["layers"], info["kv_heads"], info["kv_blocks"], info["head_dim"], act.bits // 8)
+    module.globals[POOL] = GlobalDecl(POOL, TensorType((layout["pool_bytes"],), U8))
+    module.globals[DESC] = GlobalDecl(DESC, TensorType((layout["desc_entries"], 4), I32))
+    return layout
 
 
 def _compile_to_program(module, target, config, pipeline, model, decoder=None):

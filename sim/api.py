@@ -105,6 +105,7 @@ def run_program(
     machine: Machine | None = None,
     recs: list | None = None,
     observe: dict | None = None,
+    preset: list[tuple[int, np.ndarray]] | None = None,
 ) -> SimResult:
     """Run entry point ``entry`` on ``inputs`` (name -> array) and collect outputs and the profile.
 
@@ -117,6 +118,9 @@ def run_program(
     negative power) are not detected in that mode.
 
     ``max_cycles`` stops a runaway program: an instruction that would issue later traps (SimTrap).
+
+    ``preset``: (DRAM address, bytes) written into a timing-only run's scratch machine before it
+    starts (``Session.timing_dram``: e.g. the KV descriptor table whose sizes ``kvdecomp`` charges).
 
     ``observe`` maps an instruction index to ``f(machine)``, called right after that instruction
     executes (``mcpc check --per-node`` reads intermediate values there); cycles are unchanged and
@@ -174,6 +178,8 @@ def run_program(
         writes.append((addr, raw))
     if timing_only:
         m, recs = Machine(program.dram_size, t.sram.size_bytes), program.timing_recs()
+        for addr, raw in preset or ():  # persistent bytes the host gives a timing-only run
+            m.dram[addr : addr + raw.size] = raw
         if program.has_data_costs:  # vattn's cost follows the window table loaded from the inputs
             for addr, raw in writes:
                 m.dram[addr : addr + raw.size] = raw

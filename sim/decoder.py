@@ -57,6 +57,7 @@ class DecoderMeta:
     positions: str | None
     kv_quant: dict | None
     heat: dict | None = None  # the attention heat global the program writes (docs/decoding.md)
+    kv_pool: dict | None = None  # a compressing build's pool and descriptor table (mcpc.kv.pool)
 
     @property
     def blocks_per_seq(self) -> int:
@@ -87,6 +88,7 @@ class DecoderMeta:
                 positions=None if ins.get("positions") is None else str(ins["positions"]),
                 kv_quant=meta.get("kv_quant"),
                 heat=meta.get("heat"),
+                kv_pool=meta.get("kv_pool"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(
@@ -288,8 +290,9 @@ class DecoderSession:
         seqs = [seq for seq, _ in pairs]
         if self.heat is not None and self.heat.min_window is not None:
             _narrow_windows(inputs, rows, items, seqs, self.heat.window_left)
+        written = self._written(items, seqs) if self.compressed is not None else {}
         if self.compressed is not None:
-            self.compressed.before_call(inputs["kv_gather"][:used])
+            self.compressed.before_call(inputs["kv_gather"][:used], written)
         out = self.session.run(
             inputs, entry=entry, registers={KV_BLOCKS_REG: used}, timing_only=self.timing_only
         )
@@ -302,7 +305,7 @@ class DecoderSession:
                 used_before += -(-total // blk)
             self.heat.after_call(done)
         if self.compressed is not None:
-            self._store_blocks(items, seqs)
+            self._store_blocks(written)
         prof = self.session.last_profile
         attention = sum(r["cycles"] for r in prof.get("ir_ops", []) if r["ir_op"] == "mcp.paged_attention")
         self.steps.append(
@@ -316,8 +319,11 @@ class DecoderSession:
         logits = out[self.meta.logits]
         return np.asarray(logits).reshape(self.meta.max_batch, rows, -1)[: len(pairs)]
 
-    def _store_blocks(self, items: Sequence[StepItem], seqs: Sequence[Any]) -> None:
-        """Store the blocks the call wrote (compressing build) and update their sizes and the peaks."""
+    def _written(
+        self, items: Sequence[StepItem], seqs: Sequence[Any]
+    ) -> dict[int, tuple[int, int, int, Any]]:
+        """The blocks a call writes: block id -> (first row written, rows held after the call,
+        position of the block's first row, the sequence writing it)."""
         blk = self.meta.block
         written: dict[int, tuple[int, int, int, Any]] = {}
         for it, seq in zip(items, seqs, strict=True):
@@ -325,6 +331,10 @@ class DecoderSession:
             for j in range(past // blk, -(-total // blk)):
                 lo = max(past - j * blk, 0)
                 written[int(it.blocks[j])] = (lo, min(total - j * blk, blk), j * blk, seq)
+        return written
+
+    def _store_blocks(self, written: dict[int, tuple[int, int, int, Any]]) -> None:
+        """Store the blocks the call wrote (compressing build) and update their sizes and the peaks."""
         for bid in self.compressed.after_call(written):
             self.kv.set_block_bytes(bid, self.compressed.size(bid))
         self._peak = max(self._peak, self.kv.kv_bytes)

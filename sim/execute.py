@@ -137,6 +137,56 @@ def _vattn(m: Machine, a: tuple) -> None:
     _get(s, H)[:n] = heat
 
 
+def _kv_blocks(m: Machine, a: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """kvdecomp's block ids (checked against its limit) and their descriptors [C, 4] (u32)."""
+    _, idx_addr, count, _, _, limit, reg, desc = a[:8]
+    n = count if not reg else min(max(m.regs[reg], 0), count)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros((0, 4), np.uint32)
+    idx, hi = _indices(m, idx_addr, n, limit, "kvdecomp")
+    table = dram_rows(m, desc, hi + 1, 16, 16)[idx]
+    return idx, np.ascontiguousarray(table).view("<u4").reshape(n, 4)
+
+
+def _kvdecomp(m: Machine, a: tuple) -> None:
+    """Blocks gathered by descriptor: plain ones copied, compressed ones CRC-checked and decoded."""
+    from mcpc.kv import KVBlockCorrupt, load_kv_block
+    from mcpc.kv.pool import COMPRESSED, PLAIN, block_name
+
+    dram, _, _, row_bytes, sram, _, _, _, d, dtype, cost, cell = a
+    idx, desc = _kv_blocks(m, a)
+    cell[0] = cost(row_bytes, d, desc)
+    esize = NUMPY_DTYPES[dtype].itemsize
+    out = np.zeros((idx.size, row_bytes), np.uint8)  # written to SRAM only once every block decoded
+    for i, (b, (lo, hi, size, word)) in enumerate(zip(idx.tolist(), desc.tolist(), strict=True)):
+        kind = word & 0xFF
+        if kind == PLAIN:
+            out[i] = dram_rows(m, dram + b * row_bytes, 1, row_bytes, row_bytes)[0]
+            continue
+        name = block_name(b, word)
+        if kind != COMPRESSED:
+            raise Fault(f"kvdecomp: KV block {name}: descriptor kind {kind} (0 plain and 1 compressed only)")
+        raw = dram_rows(m, lo | hi << 32, 1, size, size)[0] if size else b""
+        try:
+            rows = load_kv_block(bytes(raw), dtype, name)
+        except KVBlockCorrupt as exc:
+            raise Fault(f"kvdecomp: {exc}") from None
+        if rows.shape[1] != d or rows.shape[0] * d * esize > row_bytes:
+            raise Fault(
+                f"kvdecomp: KV block {name}: {rows.shape[0]} x {rows.shape[1]} values do not fit a row of "
+                f"{row_bytes} bytes of head_dim {d}"
+            )
+        out[i, : rows.size * esize] = np.ascontiguousarray(rows, NUMPY_DTYPES[dtype]).view(_U8).reshape(-1)
+    if idx.size:
+        view(m.sram, sram, idx.size, row_bytes, row_bytes, 1, _U8)[...] = out
+
+
+def _kvdecomp_cost(m: Machine, a: tuple) -> None:
+    """Timing-only twin of ``_kvdecomp``: the block ids and descriptors read, the cost recorded."""
+    row_bytes, d, cost, cell = a[3], a[8], a[10], a[11]
+    cell[0] = cost(row_bytes, d, _kv_blocks(m, a)[1])
+
+
 def _vattn_cost(m: Machine, a: tuple) -> None:
     """Timing-only twin of ``_vattn``: the window table read and checked, its cost recorded."""
     (_, _, _, W, _, H), reg, cap, _, _, _, cost, cell = a
@@ -382,11 +432,12 @@ DESTINATION[_matmul_w4a16], SOURCES[_matmul_w4a16] = 2, (0, 1)
 DESTINATION[_vdequant], SOURCES[_vdequant] = 1, (0,)
 DESTINATION[_qa], SOURCES[_qa] = 2, (0, 1)
 LOAD, STORE, GATHER, MATMUL, SETR, TRAP, NOP = _load, _store, _gather, _matmul, _setr, _trap, _nop
-VTOPK, SCATTER, VATTN = _vtopk, _scatter, _vattn
+VTOPK, SCATTER, VATTN, KVDECOMP = _vtopk, _scatter, _vattn, _kvdecomp
 _TIMING_TWINS = {_load: _dma_check, _store: _dma_check, _setr: _setr, _trap: _trap, _nop: _nop}
 _TIMING_TWINS.update({_salu: _salu, _setq: _setq})  # register writes: run-time extents follow them
 _TIMING_TWINS.update(dict.fromkeys((_gather, _scatter, _matmul, _matmul_cached, _vtopk, *DESTINATION), _nop))
 _TIMING_TWINS[_vattn] = _vattn_cost  # its cost follows the window lengths it reads
+_TIMING_TWINS[_kvdecomp] = _kvdecomp_cost  # its cost follows the descriptors it reads
 
 
 def timing_twin(fn: Handler) -> Handler:
@@ -574,10 +625,28 @@ def compile_vattn(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler,
     return _vattn, ((Q, K, V, W, D, H), i.kv_reg, n, i.scale, share, i.in_dtype, cost, cell)
 
 
+def compile_kvdecomp(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
+    from .timing import kvdecomp_data_cost  # timing does not import this module; kept local to stay so
+
+    if i.kv_dtype not in _ATTN_DTYPES:
+        raise Fault(f"illegal instruction: kvdecomp with kv_dtype {i.kv_dtype}")
+    b.raw("index", i.sram_idx, i.count, 1, 4, 4, _I32)
+    b.raw("destination", i.sram, i.count, i.row_bytes, i.row_bytes, 1, _U8)
+    if i.count == 0 or i.row_bytes == 0:
+        return _nop, ()
+
+    def cost(row_bytes: int, d: int, desc: np.ndarray) -> Any:
+        return kvdecomp_data_cost(row_bytes, d, desc, i.kv_dtype, target)
+
+    cell = [cost(i.row_bytes, i.head_dim, np.zeros((0, 4), np.uint32))]
+    args = (i.dram, i.sram_idx, i.count, i.row_bytes, i.sram, i.limit, i.count_reg, i.desc)
+    return _kvdecomp, (*args, i.head_dim, i.kv_dtype, cost, cell)
+
+
 def data_cost_cell(fn: Handler, args: tuple) -> list | None:
-    """The cell holding the cost of the last execution of a data-cost instruction (``vattn``)
-    compiled to ``fn``/``args``, None when it does no work (compiled to a no-op or a trap)."""
-    return args[-1] if fn is _vattn else None
+    """The cell holding the cost of the last execution of a data-cost instruction (``vattn``,
+    ``kvdecomp``) compiled to ``fn``/``args``, None when it does no work (a no-op or a trap)."""
+    return args[-1] if fn is _vattn or fn is _kvdecomp else None
 
 
 def compile_vbin(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:

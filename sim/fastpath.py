@@ -259,6 +259,10 @@ def _replay(program: Any, st: State, order: range) -> Plan:
             stores.append((lo, hi))
             read(np.ndarray((count, 4), _I32, wid, idx_addr * 4, (16, 4)))
             read(np.ndarray((count, row_bytes), _I32, wid, sram * 4, (sram_stride * 4, 4)))
+        elif fn is ex.KVDECOMP:  # reads its block ids (and DRAM), writes its rows
+            _, idx_addr, count, row_bytes, sram = a[:5]
+            read(np.ndarray((count, 4), _I32, wid, idx_addr * 4, (16, 4)))
+            np.ndarray((count, row_bytes), _I32, wid, sram * 4, (row_bytes * 4, 4))[...] = -1
         elif fn is ex.VATTN:  # reads q, K, V and the window table, writes its rows
             (Q, K, V, W, D) = a[0]
             for d in (Q, K, V, W):

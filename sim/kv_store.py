@@ -2,9 +2,9 @@
 (``kv_cache:`` of the QAT config, or ``mcp-compile --kv-quant/--kv-sparsity/--kv-policy``).
 
 The program's cache globals (``kv_k_<i>``, ``kv_v_<i>``, docs/decoding.md) stay in the activation
-dtype: they are the *decompressed view* the program's gathers and ``vattn`` read.  What the cache
-stores is kept here, per block, as the bytes ``mcpc.kv.store_kv_block`` encodes (CRC-8 last), and
-the view holds exactly what ``mcpc.kv.load_kv_block`` reads back from them:
+dtype: the *plain view*, where new rows are written and whence blocks being filled are read.
+What the cache stores is kept here, per block, as the bytes ``mcpc.kv.store_kv_block`` encodes
+(CRC-8 last), and the view holds exactly what ``mcpc.kv.load_kv_block`` reads back from them:
 
 * after each call (``after_call``), every block the call wrote is stored from the values the
   program just wrote: a block being filled as INT8_Asymmetric rows (per token and head, so each
@@ -13,9 +13,14 @@ the view holds exactly what ``mcpc.kv.load_kv_block`` reads back from them:
   full (64 tokens) is stored with the sparsity policy too.  The rows read back replace the view's.
   A filling block keeps its unrounded rows here until it is full, so that the error check and the
   policy see the values the model produced, never values already rounded once.
-* before each call (``before_call``), every stored block the call gathers is read back from its
-  bytes (CRC checked: a mismatch is ``KVBlockCorrupt``, a trap naming the block, exit 5, and no
-  value of the block is used) into the view.
+* before each call (``before_call``), in a build with a pool (META ``decoder.kv_pool``: every
+  compressing build), the descriptors of the blocks the call writes are marked
+  plain; after the call a block that became full has its stored bytes written into its slots of the
+  ``kv_pool`` buffer in the simulated DRAM and its descriptors (``kv_desc``) marked compressed: the
+  program's ``kvdecomp`` reads them from there, checks their CRC-8 (a mismatch is a trap naming the
+  block, exit 5, and no value of the block is used) and decodes them (``_Pool``, ``mcpc.kv.pool``).
+  A build without a pool (an older .mcpb) keeps the host path: every stored block the call
+  gathers is read back from its bytes into the view (CRC checked, ``KVBlockCorrupt``).
 
 Attention statistics (``AttentionHeat``): a build whose policy or dynamic window reads the
 model's attention (META ``decoder.heat``) has its ``vattn``s write the attention heat of each call
@@ -29,9 +34,8 @@ stated approximations of before: ``heavy_hitter``'s heat of a token the L2 norm 
 ``topk_entropy`` equal head entropies.  A timing-only run computes no heat: its block sizes are
 nominal and its rows attend every position.
 
-This is the functional model of storing and reading compressed blocks on the host side of a
-``Session``; the simulated cycles of a call are those of the program (its gathers read the view in
-the activation dtype): ``kv_bytes`` and the roofline count the stored bytes.
+Compressing a block is the host's work (``kvcomp`` is not modelled); reading it is the program's,
+so the simulated cycles of a step follow the stored bytes; ``kv_bytes`` and the roofline count them.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mcpc.errors import InputError, InternalError
 from mcpc.kv import (
     AttentionStats,
     KvSettings,
@@ -50,6 +55,7 @@ from mcpc.kv import (
     nominal_block_bytes,
     store_kv_block,
 )
+from mcpc.kv.pool import COMPRESSED, DESC, PLAIN, POOL, desc_column, descriptor, slot_offset
 
 KINDS = ("k", "v")
 
@@ -79,6 +85,8 @@ class CompressedKV:
         self.rows_per_head = (meta.kv_blocks + 1) * meta.block
         self.retained_blocks = 0  # head blocks stored unquantized by the error check (final blocks)
         self.stored_blocks = 0
+        self.pool = _Pool(meta, session, timing_only) if getattr(meta, "kv_pool", None) else None
+        self._sized: list[int] = []  # blocks sized before a call (_placed), reported after it
 
     # ------------------------------------------------------------------ the view in the globals
     def _view(self, layer: int, kind: str) -> np.ndarray:
@@ -91,8 +99,18 @@ class CompressedKV:
         return b.nbytes if b is not None else 0
 
     # ------------------------------------------------------------------ reads
-    def before_call(self, gathered: Sequence[int]) -> None:
-        """Read every stored block in ``gathered`` back from its bytes into the view (CRC-8 checked)."""
+    def before_call(self, gathered: Sequence[int], written: dict[int, tuple[int, int, int]]) -> None:
+        """A build with a pool (``kvdecomp`` reads the stored blocks in NPU DRAM): the blocks the
+        call writes are marked plain (their rows are in the view, where the call's ``scatter``
+        writes).  A build without one: every stored block in ``gathered`` is read back from its
+        bytes into the view (CRC-8 checked)."""
+        if self.pool is not None:
+            if self.timing_only:  # full blocks the host placed without a call (a serving cost grid)
+                for bid in dict.fromkeys(int(b) for b in gathered):
+                    if bid not in written and bid not in self.pool.compressed:
+                        self._placed(bid)
+            self.pool.mark_plain(written)
+            return
         if self.timing_only:
             return
         blk = self.meta.block
@@ -113,7 +131,7 @@ class CompressedKV:
         """Store the blocks a call wrote: ``written`` maps a block id to (first row written, rows held
         after the call, position of the block's first row, the sequence that wrote it); returns the
         block ids whose size changed."""
-        changed = []
+        changed, self._sized = self._sized, []
         for bid, (lo, rows, first_pos, seq) in written.items():
             b = self.blocks.get(bid)
             if b is None or lo == 0:  # a block (re)allocated: its old contents are gone
@@ -122,10 +140,33 @@ class CompressedKV:
             b.full = rows == self.meta.block
             if self.timing_only:
                 b.nbytes = self._nominal(rows, b.full)
+                if self.pool is not None and b.full:
+                    self.pool.put_nominal(bid, self._nominal_heads())
             else:
                 self._store(bid, b, lo, first_pos, seq)
+                if self.pool is not None and b.full:
+                    self.pool.put(bid, b.data)
             changed.append(bid)
         return changed
+
+    def _placed(self, bid: int) -> None:
+        """Timing-only: a gathered block the call does not write, that no call stored.  It precedes
+        the written blocks of its sequence (every sequence of a call gets new tokens), so it is
+        full: its descriptors get the nominal sizes, and its size is reported after the call."""
+        b = self.blocks[bid] = _Block(rows=self.meta.block, full=True)
+        b.nbytes = self._nominal(self.meta.block, True)
+        self.pool.put_nominal(bid, self._nominal_heads())
+        self._sized.append(bid)
+
+    def _nominal_heads(self) -> dict[tuple[int, str, int], int]:
+        m = self.meta
+        return {
+            (layer, kind, h): n
+            for layer in range(m.layers)
+            for kind in KINDS
+            for h, n in enumerate(nominal_block_bytes(self.settings, layer, m.kv_heads, m.block, m.head_dim,
+                                                      m.kv_dtype))
+        }  # fmt: skip
 
     def _nominal(self, rows: int, full: bool) -> int:
         m = self.meta
@@ -243,3 +284,83 @@ class AttentionHeat:
         if self.min_window is None or self.timing_only or seq not in self.seqs:
             return 0
         return dynamic_window_left(self.seqs[seq][:, :, : pos + 1].sum(axis=(0, 1)), self.min_window)
+
+
+class _Pool:
+    """The compressed blocks in simulated NPU DRAM (``mcpc.kv.pool``): the host writes a full
+    block's stored bytes into its slots of the persistent buffer ``kv_pool`` and its descriptors
+    into ``kv_desc`` (kind compressed), which the program's ``kvdecomp`` reads; a block a call
+    writes is marked plain before the call (its rows are in the view).  A timing-only run has no
+    machine to keep: the descriptors (nominal sizes, ``nominal_block_bytes``) are kept here and
+    written into the scratch DRAM of each timing-only run (``Session.timing_dram``), so
+    ``kvdecomp`` charges the compressed sizes from the descriptor table as in a functional run."""
+
+    def __init__(self, meta, session, timing_only: bool):
+        self.meta, self.session, self.timing_only = meta, session, timing_only
+        layout = meta.kv_pool
+        self.slot = int(layout["slot_bytes"])
+        regions = {r.get("name"): r for r in session.program.memory_map.get("regions") or []}
+        missing = [n for n in (POOL, DESC) if n not in regions]
+        if missing:
+            raise InputError(
+                f"{session.program.source}: META decoder.kv_pool is set but the program has no "
+                f"persistent buffer {', '.join(missing)}"
+            )
+        self.pool_addr = int(regions[POOL]["dram"])
+        self.compressed: set[int] = set()  # blocks whose descriptors say compressed
+        if regions[POOL]["bytes"] < layout["pool_bytes"] or regions[DESC]["bytes"] < layout["desc_bytes"]:
+            raise InputError(f"{session.program.source}: kv_pool / kv_desc are smaller than META says")
+        if timing_only:
+            self._desc = np.zeros(int(regions[DESC]["bytes"]) // 4, np.uint32)
+            if hasattr(session, "timing_dram"):  # a Session (a stand-in without it charges plain)
+                session.timing_dram[DESC] = self._desc
+
+    def _desc_view(self) -> np.ndarray | None:
+        """The descriptor table (u32 words); None before the session's first run (all zero then:
+        every block plain)."""
+        if self.timing_only:
+            return self._desc
+        if getattr(self.session, "_machine", True) is None:
+            return None
+        return self.session.persistent_view(DESC).view(np.uint32)
+
+    def _entry(self, block: int, layer: int, kind: int, head: int) -> int:
+        m = self.meta
+        return 4 * (desc_column(layer, kind, head, m.kv_heads, m.kv_blocks) + block)
+
+    def mark_plain(self, written: dict[int, tuple[int, int, int]]) -> None:
+        if not written:
+            return
+        desc, m = self._desc_view(), self.meta
+        self.compressed.difference_update(written)
+        if desc is None:
+            return
+        for bid in written:
+            for layer in range(m.layers):
+                for kind in range(2):
+                    for h in range(m.kv_heads):
+                        e = self._entry(bid, layer, kind, h)
+                        desc[e : e + 4] = descriptor(0, 0, PLAIN, kind, h, layer)
+
+    def _put(self, bid: int, sizes: dict, data: dict | None) -> None:
+        m = self.meta
+        self.compressed.add(bid)
+        desc = self._desc_view()
+        pool = None if data is None else self.session.persistent_view(POOL).view(np.uint8)
+        for (layer, kind_name, h), n in sizes.items():
+            kind = KINDS.index(kind_name)
+            off = slot_offset(bid, layer, kind, h, m.layers, m.kv_heads, self.slot)
+            if n > self.slot:
+                raise InternalError(f"a stored KV block of {n} bytes exceeds its pool slot of {self.slot}")
+            if pool is not None:
+                pool[off : off + n] = np.frombuffer(bytes(data[layer, kind_name, h]), np.uint8)
+            e = self._entry(bid, layer, kind, h)
+            desc[e : e + 4] = descriptor(self.pool_addr + off, n, COMPRESSED, kind, h, layer)
+
+    def put(self, bid: int, data: dict[tuple[int, str, int], bytearray]) -> None:
+        """A full block's stored bytes into the pool, its descriptors compressed."""
+        self._put(bid, {key: len(v) for key, v in data.items()}, data)
+
+    def put_nominal(self, bid: int, sizes: dict[tuple[int, str, int], int]) -> None:
+        """Timing-only: a full block's descriptors with its nominal sizes (no bytes)."""
+        self._put(bid, sizes, None)

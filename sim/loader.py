@@ -100,8 +100,8 @@ class LoadedProgram:
 
     @property
     def has_data_costs(self) -> bool:
-        """Whether some instruction's cost follows the values it reads (``vattn``)."""
-        return "vattn" in self.mnemonics
+        """Whether some instruction's cost follows the values it reads (``vattn``, ``kvdecomp``)."""
+        return "vattn" in self.mnemonics or "kvdecomp" in self.mnemonics
 
     def _window_table_writers(self) -> tuple[set[int], dict[int, str]]:
         """The loads that write each ``vattn``'s window table (from register-free DRAM: the inputs
@@ -110,11 +110,13 @@ class LoadedProgram:
         untimed: dict[int, str] = {}
         starts = sorted(start for start, _ in self.entries.values())
         for idx, name in enumerate(self.mnemonics):
-            if name != "vattn":
+            if name not in ("vattn", "kvdecomp"):
                 continue
             f = self.instr(idx).fields
-            lo = f["win"]
-            missing = np.ones(8 * (f["rows"] // max(f["share"], 1)), dtype=bool)
+            if name == "vattn":
+                lo, missing = f["win"], np.ones(8 * (f["rows"] // max(f["share"], 1)), dtype=bool)
+            else:  # kvdecomp's block ids (its descriptors are read from DRAM as they are)
+                lo, missing = f["sram_idx"], np.ones(4 * f["count"], dtype=bool)
             first = max([s for s in starts if s <= idx], default=0)
             for j in range(idx - 1, first - 1, -1):
                 if not missing.any():
@@ -130,7 +132,7 @@ class LoadedProgram:
                     continue
                 if other.op != "load" or other.fields["dram_reg"] or other.fields["rows_reg"]:
                     untimed[idx] = (
-                        f"timing-only: vattn's window table is written on chip by instruction {j} "
+                        f"timing-only: {name}'s index table is written on chip by instruction {j} "
                         f"({other.op}), so its cost cannot be known without values (run functionally)"
                     )
                     break
@@ -308,7 +310,7 @@ def from_program(program: Program, source: str = "<program>") -> LoadedProgram:
             fn, args = numeric.guard(instr, target, idx, fn, args)
         mnemonics.append(instr.op)
         mac_dtype.append(_mac_dtype(instr))
-        dma = instr.op in ("load", "store", "gather", "scatter")
+        dma = instr.op in ("load", "store", "gather", "scatter", "kvdecomp")
         recs.append(
             (instr.engine, _mask(instr.wait), _mask(instr.signal), fn, args, busy, cost.tail, dma, ())
         )

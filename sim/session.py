@@ -105,6 +105,9 @@ class Session:
         self._sram_hi = 0
         self.last_profile: dict | None = None
         self._confined: dict[str, tuple[list, list]] = {}  # entry -> (plan records, confined copy)
+        # Persistent buffers (by name) a timing-only run starts with, e.g. the KV descriptor table
+        # whose sizes kvdecomp charges; a timing-only run keeps no machine, so the host sets them here.
+        self.timing_dram: dict[str, np.ndarray] = {}
 
     @property
     def entries(self) -> list[str]:
@@ -196,7 +199,10 @@ class Session:
         regs = self.register_numbers(entry, registers)
         if timing_only or not (self.persistent or regs):
             # nothing to keep (or no value computed): the program's own machine and its fast path
-            result = run_program(self.program, inputs, entry, trace, timing_only, regs, max_cycles)
+            preset = self._timing_preset() if timing_only else None
+            result = run_program(
+                self.program, inputs, entry, trace, timing_only, regs, max_cycles, preset=preset
+            )
         else:
             io = self.program.io.get(entry, {})
             m = self._prepare(entry)
@@ -209,6 +215,20 @@ class Session:
         self.last_profile = result.profile
         self.last_trace = result.trace_events
         return result.outputs
+
+    def _timing_preset(self) -> list[tuple[int, np.ndarray]] | None:
+        """``timing_dram`` as (DRAM address, bytes) of the persistent buffers it names."""
+        if not self.timing_dram:
+            return None
+        regions = {r.get("name"): r for r in self.program.memory_map.get("regions") or []}
+        out = []
+        for name, arr in self.timing_dram.items():
+            r = regions.get(name)
+            raw = np.ascontiguousarray(arr).view(np.uint8).reshape(-1)
+            if r is None or r.get("kind") != "persistent" or raw.size > r["bytes"]:
+                raise InputError(f"{self.program.source}: timing_dram {name!r}: no persistent buffer it fits")
+            out.append((int(r["dram"]), raw))
+        return out
 
     def _records(self, entry: str, input_spans: list[tuple[int, int]]) -> list[tuple]:
         """The functional records of ``entry``: ``fastpath``'s plan when it has one (constant

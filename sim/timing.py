@@ -165,6 +165,31 @@ def attention_cost(
     return Cost(busy, tail, 2 * scores * d, 0, 0)
 
 
+def kvdecomp_cost(i: Instr | Decoded, target: Any) -> Cost:
+    """kvdecomp before it executes: no block.  Its real cost follows the descriptors it reads
+    (``kvdecomp_data_cost``, charged at execution like a run-time extent)."""
+    return Cost(1, 0, 0, 0, 0)
+
+
+def kvdecomp_data_cost(row_bytes: int, d: int, desc: Any, kv_dtype: str, target: Any) -> Cost:
+    """Cycles of ``kvdecomp`` over the blocks whose descriptors ``desc`` ([C, 4] u32) it read
+    (docs/timing.md, "Compressed KV blocks"): the DRAM channel streams 16 bytes per descriptor plus
+    each block's bytes (its ``nbytes`` when compressed, ``row_bytes`` when plain); the decoder then
+    writes every element of each compressed block's full row (row_bytes / size(kv_dtype)) at the
+    vector engine's ``kv_dtype`` lanes, as ``vdequant`` would.  busy = transfer + decode (the
+    decoder consumes what the channel brought; the LD engine and the channel are held for both);
+    tail = the DRAM latency (the decoder's pipeline depth is taken as hidden in it: an assumption)."""
+    n = len(desc)
+    if n == 0:
+        return Cost(1, 0, 0, 0, 0)
+    compressed = [int(w[2]) for w in desc if int(w[3]) & 0xFF]
+    nbytes_ = 16 * n + sum(compressed) + (n - len(compressed)) * row_bytes
+    transfer = math.ceil(nbytes_ / target.dram_bytes_per_cycle)
+    elements = len(compressed) * (row_bytes // max(_elem_bytes(kv_dtype, 1), 1))
+    decode = math.ceil(elements / target.vector_lanes_for(kv_dtype)) if elements else 0
+    return Cost(max(1, transfer + decode), target.dram_latency_cycles, 0, nbytes_, 0)
+
+
 def _counts(values: list[int]) -> list[tuple[int, int]]:
     out: dict[int, int] = {}
     for v in values:

@@ -15,10 +15,10 @@ from decoder_models import make_decoder
 
 import mcpc
 from mcpc import driver
-from mcpc.errors import EXIT_SIM_TRAP
+from mcpc.errors import EXIT_SIM_TRAP, SimTrap
 from mcpc.ir.decoder_import import DecoderBuild
 from mcpc.kv import KvSettings
-from mcpc.kv.codec import KVBlockCorrupt
+from mcpc.kv.pool import DESC, POOL, desc_column
 from mcpc.qat_configs.kv_cache import with_kv_flags
 from mcpc.sim.decoder import DecoderSession
 
@@ -105,18 +105,53 @@ def test_sparsity_stores_fewer_bytes_and_its_cost_is_measured(llama_runs):
         assert sparse["kv_store"]["settings"]["policy"] == policy
 
 
-def test_a_flipped_bit_in_a_stored_block_is_a_trap_naming_it(llama_builds):
+def _descriptor(dec, block, layer, kind, head):
+    """(address, nbytes, tag) of a block's descriptor in the simulated DRAM's kv_desc."""
+    m = dec.meta
+    words = dec.session.persistent_view(DESC).view(np.uint32)
+    e = 4 * (desc_column(layer, kind, head, m.kv_heads, m.kv_blocks) + block)
+    lo, hi, nbytes, tag = (int(x) for x in words[e : e + 4])
+    return lo | hi << 32, nbytes, tag
+
+
+def test_a_flipped_bit_in_the_simulated_dram_pool_is_a_trap_naming_the_block(llama_builds):
+    """The stored bytes live in NPU DRAM (the kv_pool buffer): a bit flipped there is caught by
+    kvdecomp's CRC-8 check, a trap (exit 5) naming the block, layer, K|V and head."""
     dec = DecoderSession(llama_builds["int8"])
     seq, _ = dec.new_sequence()
     prompt = [int(t) for t in TOKENS[:64]]
     dec.prefill([(seq, prompt)])  # block 0 full: stored with its CRC
     block = dec.kv.block_table(seq)[0]
-    data = dec.compressed.blocks[block].data[1, "v", 0]
-    data[len(data) // 2] ^= 0x10
-    with pytest.raises(KVBlockCorrupt) as info:
+    addr, nbytes, tag = _descriptor(dec, block, 1, 1, 0)
+    assert nbytes == len(dec.compressed.blocks[block].data[1, "v", 0]) and tag & 0xFF == 1  # compressed
+    pool = dec.session.program.memory_map["regions"]
+    base = next(r["dram"] for r in pool if r["name"] == POOL)
+    dram = dec.session.persistent_view(POOL).view(np.uint8)
+    stored = bytes(dec.compressed.blocks[block].data[1, "v", 0])
+    assert bytes(dram[addr - base : addr - base + nbytes]) == stored
+    dram[addr - base + nbytes // 2] ^= 0x10
+    with pytest.raises(SimTrap) as info:
         dec.decode([seq], [1])
     assert info.value.exit_code == EXIT_SIM_TRAP
-    assert f"KV block {block} (layer 1 V head 0)" in info.value.message and "not used" in info.value.message
+    msg = info.value.message
+    assert "kvdecomp" in msg and f"KV block {block} (layer 1 V head 0)" in msg and "CRC-8 mismatch" in msg
+    assert "not used" in msg
+
+
+def test_the_program_reads_compressed_blocks_with_kvdecomp(llama_builds):
+    """A compressing build's attention reads its blocks with kvdecomp (one for K, one for V per KV
+    head and layer) instead of gather; the plain build keeps its gathers."""
+    from mcpc.sim.loader import from_program
+
+    counts = {}
+    for name in ("fp16", "int8"):
+        mnemonics = from_program(llama_builds[name].program).mnemonics
+        counts[name] = (mnemonics.count("kvdecomp"), mnemonics.count("gather"))
+    per_entry = LLAMA["layers"] * LLAMA["kv_heads"] * 2
+    assert counts["int8"][0] == 2 * per_entry  # prefill and decode
+    assert counts["fp16"][0] == 0 and counts["fp16"][1] >= counts["int8"][1] + 2 * per_entry
+    pool = llama_builds["int8"].report["decoder"]["kv_pool"]
+    assert pool["slot_bytes"] >= 4 + 64 * 16 * 2 + 1 and pool["desc_bytes"] == 16 * 2 * 2 * 2 * (2 + 1)
 
 
 def test_mcp_compile_kv_flags_make_a_compressing_build(tmp_path):
@@ -127,7 +162,7 @@ def test_mcp_compile_kv_flags_make_a_compressing_build(tmp_path):
                                                "--kv-quant", "int8", "--kv-sparsity", "0.5", "--kv-policy",
                                                "topk_magnitude", "-o", str(out)])  # fmt: skip
     assert res.exit_code == 0, res.output
-    assert "in f16, stored as int8 + topk_magnitude dropping 0.5;" in res.output
+    assert "in f16, stored as int8 + topk_magnitude dropping 0.5 in a 16,512-byte pool;" in res.output
     from mcpc.sim.loader import load_program
 
     meta = load_program(out).program.meta["decoder"]["kv_quant"]
@@ -207,22 +242,20 @@ def test_interpreter_and_simulator_are_bit_exact_with_a_stored_cache(llama_build
 
 
 def test_a_corrupt_block_under_sim_generate_exits_5_naming_it(llama_builds, tmp_path, monkeypatch):
-    """A bit flipped in the stored bytes as they are read (the fault model of DRAM): the CLI reports
-    the trap in one paragraph with the simulator's exit code, no traceback, no tokens."""
+    """A bit flipped in the simulated DRAM pool once a block is stored (the fault model of DRAM):
+    the CLI reports kvdecomp's trap in one paragraph with the simulator's exit code, no traceback."""
     import mcpc.sim.kv_store as kv_store
     from mcpc.arch.mcpb import write_mcpb
     from mcpc.sim.cli import sim_group
 
-    real = kv_store.load_kv_block
+    real = kv_store._Pool.put
 
-    def flipped(data, out=None, block="?"):
-        if isinstance(data, bytes):  # the bytes read back before a call (not the StoredBlock just made)
-            data = bytearray(data)
-            data[5] ^= 0x01
-            data = bytes(data)
-        return real(data, out, block)
+    def flipped(self, bid, data):
+        real(self, bid, data)
+        addr, nbytes, _ = _descriptor(self, bid, 0, 0, 0)
+        self.session.persistent_view(POOL).view(np.uint8)[addr - self.pool_addr + 5] ^= 0x01
 
-    monkeypatch.setattr(kv_store, "load_kv_block", flipped)
+    monkeypatch.setattr(kv_store._Pool, "put", flipped)
     prog, ids = tmp_path / "d.mcpb", tmp_path / "ids.npy"
     write_mcpb(prog, llama_builds["int8"].program)
     np.save(ids, TOKENS[:70])
