@@ -51,6 +51,7 @@ from .isa_table import (  # noqa: F401
     Access,
     InstrSpec,
     resolve,
+    vattn_heat_offset,
 )
 
 

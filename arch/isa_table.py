@@ -166,6 +166,8 @@ FIELD_DOCS: dict[str, str] = {
     "head_dim": "elements per row of Q, K, V and the result",
     "share": "row groups sharing the window table: row i uses entry i mod (rows / share) (0 = 1)",
     "scale": "float32 factor applied to the scores q·k",
+    "heat": "1: also write the attention heat, a kv_rows x share f32 table at dst + the result's bytes "
+    "rounded up to 4 (`vattn`)",
     "desc": "DRAM byte address of a descriptor table: 16 bytes per block (address, bytes, tag)",
 }
 
@@ -305,6 +307,11 @@ def _access_scatter(f: Mapping[str, Any]) -> list[Access]:
     return [*_regs(f, "dram_reg", "count_reg"), idx, src, table]
 
 
+def vattn_heat_offset(rows: int, head_dim: int, in_dtype: str) -> int:
+    """Byte offset from ``dst`` of a ``vattn``'s heat table (the result's bytes rounded up to 4)."""
+    return -(-int(rows * head_dim * _size(in_dtype)) // 4) * 4
+
+
 def _access_kvdecomp(f: Mapping[str, Any]) -> list[Access]:
     # the plain table and the descriptor table: rows the indices (data) pick; the pool bytes a
     # descriptor names are data too, and only the host writes them (between calls)
@@ -318,14 +325,18 @@ def _access_kvdecomp(f: Mapping[str, Any]) -> list[Access]:
 def _access_vattn(f: Mapping[str, Any]) -> list[Access]:
     rows, d, n = f["rows"], f["head_dim"], f["kv_rows"]
     sq, skv = _size(f["in_dtype"]), _size(f["kv_dtype"])
-    entries = rows // max(f["share"], 1)
-    return [
+    share = max(f["share"], 1)
+    entries = rows // share
+    out = [
         *_regs(f, "kv_reg"),
         _sram(f["src"], rows, d, d, sq),
         _sram(f["kv"], 2 * n, d, d, skv),  # K, then V right after it
         _sram(f["win"], 1, 2 * entries, 0, 4),
         _sram(f["dst"], rows, d, d, sq, True),
     ]
+    if f.get("heat"):
+        out.append(_sram(f["dst"] + vattn_heat_offset(rows, d, f["in_dtype"]), n, share, share, 4, True))
+    return out
 
 
 def _access_matmul(f: Mapping[str, Any]) -> list[Access]:
@@ -646,7 +657,7 @@ _SPECS: list[InstrSpec] = [
           "(the persistent buffer holding it)."),
     _spec("vattn", 25, EX,
           "in_dtype dtype, kv_dtype dtype, dst u32, src u32, kv u32, win u32, rows u20, head_dim u16, "
-          "kv_rows u20, share u8, kv_reg u4, scale f32",
+          "kv_rows u20, share u8, kv_reg u4, scale f32, heat u1",
           "Attention of query rows over K/V in SRAM, each row over its own window read from SRAM.",
           execute="compile_vattn", cost="vattn_cost", access=_access_vattn, data_cost=True,
           twin="numerics.attention_rows (mcp.paged_attention, one vattn per KV head)",
@@ -666,7 +677,15 @@ _SPECS: list[InstrSpec] = [
           "computed at execution from the lengths read (as a run-time extent's): per window entry the "
           "array work of a share x len x head_dim and a share x head_dim x len product (K and V "
           "ingested once for the rows sharing them), plus exp of share·Σlen scores on the SFU lanes and "
-          "four f32 vector passes over them (scale, max, subtract, sum and divide)."),
+          "four f32 vector passes over them (scale, max, subtract, sum and divide). With `heat` = 1 it "
+          "also writes the attention heat, for the attention-driven KV policies and the dynamic window: "
+          "a kv_rows x share f32 table at dst + (rows·head_dim·size(in_dtype) rounded up to 4), whose "
+          "rows j < N are first zeroed and then, row after row, accumulate each query row's p at the "
+          "K/V rows of its window (column g = the g-th group of E rows, i.e. one query head): "
+          "heat[j, g] = Σ over the rows of group g of the probability they give K/V row j (the "
+          "`heat` argument of `numerics.attention_rows`); rows past N are not written. It costs two "
+          "more f32 vector passes, over the share x N table (zeroing) and over the share·Σlen "
+          "probabilities (accumulating)."),
 ]  # fmt: skip
 
 ISA: dict[str, InstrSpec] = {s.mnemonic: s for s in _SPECS}

@@ -540,7 +540,7 @@ def matmul_qa_2d(a: np.ndarray, codes: np.ndarray, scale_a, zp_a, q_dtype: str, 
 
 # -- attention over a KV cache (mcp.paged_attention, the `vattn` instruction) --------------------
 def attention_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: np.ndarray, length: np.ndarray,
-                   scale: float, out: str) -> np.ndarray:  # fmt: skip
+                   scale: float, out: str, heat: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """Attention of each query row over its own window of K/V rows, stored as ``out``.
 
     ``q`` (R, D); ``k`` and ``v`` (N, D), any float dtype; ``start`` and ``length`` one integer per
@@ -549,6 +549,11 @@ def attention_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: np.ndarra
     (f32), ``e = exp(s - max(s))`` (exp as ``unary``: f64 rounded to f32), ``p = e / sum(e)`` (f32),
     ``o = p @ V`` (``matmul_tile``, f32), rounded once to ``out``.  The caller guarantees every window
     lies inside K and V (the interpreter and the simulator check it first).
+
+    ``heat`` (optional, f32 with one element per K/V row, updated in place): the attention heat of
+    the rows' query head.  After row r's ``p`` is computed, ``heat[start:start + len] += p`` (f32),
+    rows in order: so ``heat[j]`` ends as the sum over the rows of the probability they gave K/V row
+    j (rows no window reaches are left as they were; the caller zeroes them first).
     """
     rows, d = q.shape
     res = np.zeros((rows, d), dtype=F32)
@@ -564,5 +569,7 @@ def attention_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: np.ndarra
             s -= np.maximum.reduce(s, axis=-1, keepdims=True)
             e = unary("exp", s, "f32")
             e /= np.add.reduce(e, axis=-1, keepdims=True)
+            if heat is not None:
+                heat[s0 : s0 + n] += e[0]
             res[r] = matmul_tile(e, v[s0 : s0 + n])[0]
     return cast(res, out)

@@ -19,6 +19,11 @@ heads share the window table), and store the rows back head by head.  The ``vatt
 window reaching past ``r[nblocks] · block_size`` rows (its ``kv_reg``: a register the entry's
 register kernel sets to that product), so rows of blocks not gathered in this call are never read.
 
+With ``heat_global`` (a decoder build whose KV policy reads the attention) each ``vattn`` sets its
+``heat`` bit: it also writes, after its result rows, a [capacity, group] f32 table of each query
+head's summed attention per gathered position, and one more ``store`` (its row count the register
+of the K/V rows in use) writes the group's columns of the layer's rows of the heat global.
+
 Work per call follows the context in use: the gathers move ``r[nblocks]`` blocks (a run-time
 extent), ``vattn`` is costed from the window lengths it reads.  SRAM holds the gathered K and V of
 the whole capacity (double-buffered across KV heads); a build whose capacity does not fit is
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mcpc.arch.isa import vattn_heat_offset
 from mcpc.backend.lower_shape import U20, U24, elem_bytes
 from mcpc.backend.lowering import LoweringContext, register_lowering
 from mcpc.backend.schedule import Kernel, Step
@@ -182,7 +188,9 @@ def lower_paged_attention(op: Any, ctx: LoweringContext) -> list[Kernel]:
         _field(op, name, value, limit, what)
     kv_bytes = 2 * cap * d * kvb
     q_bytes = group * rows * d * qb
-    need = 4 * cap_blocks + 8 * rows + ctx.in_slots * (kv_bytes + q_bytes) + ctx.out_slots * q_bytes
+    heat = _heat(op, ctx, group * rows, d, qt.dtype.name, group)
+    o_bytes = q_bytes if heat is None else heat[0] + cap * group * 4
+    need = 4 * cap_blocks + 8 * rows + ctx.in_slots * (kv_bytes + q_bytes) + ctx.out_slots * o_bytes
     need += (2 + 2 * ctx.in_slots + ctx.out_slots) * ctx.align
     _fits(ctx, op, need, f"the gathered K and V of {cap_blocks} blocks of {bs} x {d} {kt.dtype.name} "
           f"({kv_bytes} bytes a KV head, x{ctx.in_slots} buffers) and {group * rows} query rows")  # fmt: skip
@@ -191,7 +199,7 @@ def lower_paged_attention(op: Any, ctx: LoweringContext) -> list[Kernel]:
     win = arena.alloc(8 * rows, "window table")
     kv_ring = arena.ring(ctx.in_slots, kv_bytes, "gathered K and V")
     q_ring = arena.ring(ctx.in_slots, q_bytes, "query rows")
-    o_ring = arena.ring(ctx.out_slots, q_bytes, "attention rows")
+    o_ring = arena.ring(ctx.out_slots, o_bytes, "attention rows" + ("" if heat is None else " and heat"))
     emit = ctx.emitter.emit
     head_rows = s * d * qb  # one sequence's rows of one head, contiguous in [B, Hq, S, D]
     steps = [Step(loads=[
@@ -220,12 +228,33 @@ def lower_paged_attention(op: Any, ctx: LoweringContext) -> list[Kernel]:
         attn = emit(
             "vattn", in_dtype=qt.dtype.name, kv_dtype=kt.dtype.name, dst=o_buf, src=q_buf, kv=kv_buf, win=win,
             rows=group * rows, head_dim=d, kv_rows=cap, share=group, kv_reg=reg_rows,
-            scale=float(op.attrs["scale"]),
+            scale=float(op.attrs["scale"]), heat=int(heat is not None),
         )  # fmt: skip
         stores = [
             emit("store", dram=out + (kh * group + g) * head_rows, sram=o_buf + g * rows * d * qb, rows=b,
                  row_bytes=head_rows, dram_stride=hq * head_rows, sram_stride=head_rows)
             for g in range(group)
         ]  # fmt: skip
+        if heat is not None:
+            stores.append(_store_heat(ctx, heat[1], kh, group, hq, cap, o_buf + heat[0], reg_rows))
         steps.append(Step(loads=loads, computes=[attn], stores=stores))
     return [ctx.kernel(steps, arena)]
+
+
+def _heat(op: Any, ctx: LoweringContext, q_rows: int, d: int, q_dtype: str, group: int):
+    """(offset of the heat table from a vattn's dst, DRAM byte address of this layer's heat rows)
+    when the op writes its attention heat (``heat_global``), else None."""
+    name = op.attrs.get("heat_global")
+    if not name:
+        return None
+    _field(op, "row_bytes", group * 4, U24, "the heat bytes of one position for one KV head's group")
+    row = int(op.attrs["heat_row"]) * ctx.global_types[name].shape[1] * 4
+    return vattn_heat_offset(q_rows, d, q_dtype), ctx.globals[name] + row
+
+
+def _store_heat(ctx: LoweringContext, base: int, kh: int, group: int, hq: int, cap: int, sram: int,
+                reg_rows: int) -> Any:  # fmt: skip
+    """Store KV head ``kh``'s heat table (cap x group f32, the rows in use: ``rows_reg``) into its
+    group's columns of the heat global's rows [cap, hq]."""
+    return ctx.emitter.emit("store", dram=base + kh * group * 4, sram=sram, rows=cap, row_bytes=group * 4,
+                            dram_stride=hq * 4, sram_stride=group * 4, rows_reg=reg_rows)  # fmt: skip

@@ -169,11 +169,15 @@ def _dma_range(instr: Any, regions: Any = ()) -> tuple[int, int]:
     if instr.op not in ("load", "store"):  # gather / scatter: the table (its region when persistent)
         spans = [(lo, hi) for mem, lo, hi, _ in footprint(instr, None, regions) if mem == "dram"]
         return spans[0] if spans else (0, 0)
+    rows, rb, stride = f["rows"], f["row_bytes"], f["dram_stride"]
     if f.get("rows_reg"):
-        return (0, 1 << 62)
+        # at most ``rows`` rows: inside a persistent buffer (``vattn``'s heat), that buffer
+        whole = (f["dram"], f["dram"] + max(rows - 1, 0) * stride + rb)
+        if f.get("dram_reg") or not any(lo <= whole[0] and whole[1] <= hi for lo, hi in regions):
+            return (0, 1 << 62)
+        return next((lo, hi) for lo, hi in regions if lo <= whole[0] and whole[1] <= hi)
     if f.get("dram_reg"):
         return next(((lo, hi) for lo, hi in regions if lo <= f["dram"] < hi), (0, 1 << 62))
-    rows, rb, stride = f["rows"], f["row_bytes"], f["dram_stride"]
     if rows <= 0 or rb <= 0:
         return (f["dram"], f["dram"])
     return (f["dram"], f["dram"] + (rows - 1) * stride + rb)

@@ -99,9 +99,10 @@ _NOP = Instr("nop", {})
 _REGISTER_FIELDS = ("reg", "rd", "rs1", "rs2", "dram_reg", "rows_reg", "count_reg", "m_reg", "kv_reg")
 # The register fields a kernel's instruction may read (registers the register kernel wrote before
 # it, or host registers, which nothing in the stream writes): DMA offsets and counts, and vattn's
-# rows in use (the EX queue runs it after the register kernel).
+# rows in use (the EX queue runs it after the register kernel) and the rows of the store of its heat
+# table (which waits for the vattn).
 _REGISTER_READS = {
-    "load": ("dram_reg",), "store": ("dram_reg",), "gather": ("dram_reg", "count_reg"),
+    "load": ("dram_reg",), "store": ("dram_reg", "rows_reg"), "gather": ("dram_reg", "count_reg"),
     "scatter": ("dram_reg", "count_reg"), "vattn": ("kv_reg",), "kvdecomp": ("count_reg",),
 }  # fmt: skip
 

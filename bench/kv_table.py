@@ -18,7 +18,8 @@ from a Q4_1 GGUF, so even the "fp32" baseline carries 4-bit weights.
 A compressed cache lives in NPU DRAM and the program reads its full blocks with ``kvdecomp``
 (docs/kv-cache.md, "In NPU memory"): the decode step's DRAM bytes and cycles follow the stored
 bytes (the block being filled is read plain), so they fall with each KV setting, by what those
-bytes are worth at the target's DRAM bandwidth.
+bytes are worth at the target's DRAM bandwidth.  The ``topk_entropy`` and ``heavy_hitter`` builds
+also write the attention heat (docs/decoding.md, "Attention heat"), whose work they are charged.
 """
 
 from __future__ import annotations

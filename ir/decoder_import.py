@@ -36,6 +36,7 @@ from mcpc.ir.decoder_graph import (
     recognise,
     rewrite,
 )
+from mcpc.ir.dtypes import F32
 from mcpc.ir.onnx_handlers import DOMAIN_HANDLERS
 from mcpc.ir.types import TensorType
 
@@ -292,6 +293,38 @@ def _descriptor(module: Module, dec: DecoderGraph, build: DecoderBuild) -> dict[
         "inputs": {"ids": dec.ids, "positions": dec.positions},
         "kv_quant": None,
     }
+
+
+HEAT_GLOBAL = "kv_heat"
+
+
+def enable_attention_heat(module: Module) -> dict[str, Any]:
+    """Make every ``mcp.paged_attention`` of a decoder module write its attention heat into one f32
+    global ``@kv_heat`` [layers · P, Hq] (P = the gathered positions at capacity, B·MB·64): layer
+    i's rows are [i·P, (i+1)·P), row i·P + j the heat of gathered position j per query head
+    (ir/ops_kv.py).  For the KV policies and the dynamic window that read the model's attention
+    (docs/decoding.md); returns META ``decoder.heat``: ``{"global", "positions"}``."""
+    attn = [op for fn in module.functions.values() for op in fn.ops if isinstance(op, ops.PagedAttentionOp)]
+    if not attn:
+        raise UnsupportedError("attention heat: the module has no mcp.paged_attention")
+    caps = {op.operands[1].type.shape[0] * int(op.attrs["block_size"]) for op in attn}
+    hqs = {op.operands[0].type.shape[1] for op in attn}
+    if len(caps) != 1 or len(hqs) != 1:
+        raise UnsupportedError(
+            f"attention heat: the layers gather {sorted(caps)} positions of {sorted(hqs)} query heads"
+        )
+    (cap,), (hq,) = caps, hqs
+    layers = []
+    for op in attn:
+        name = op.attrs["k_global"]
+        if not name.startswith("kv_k_") or not name[5:].isdigit():
+            raise UnsupportedError(f"attention heat: {op.describe()} reads @{name}, not a layer's kv_k_<i>")
+        layers.append(int(name[5:]))
+    n = max(layers) + 1
+    module.globals[HEAT_GLOBAL] = GlobalDecl(HEAT_GLOBAL, TensorType((n * cap, hq), F32))
+    for op, layer in zip(attn, layers, strict=True):
+        op.attrs["heat_global"], op.attrs["heat_row"] = HEAT_GLOBAL, layer * cap
+    return {"global": HEAT_GLOBAL, "positions": cap}
 
 
 def kv_global(layer: int, kind: str) -> str:

@@ -527,10 +527,15 @@ def _paged_attention(op, args):
     offsets = (ids[:, None] * bs + np.arange(bs)[None, :]).reshape(-1)
     out = np.empty_like(q)
     group = hq // kv
+    heat = np.zeros((hq, n * bs), np.float32) if op.attrs.get("heat_global") else None
     for kh in range(kv):
         gk, gv = k_buf[kh * per_head + offsets], v_buf[kh * per_head + offsets]
         for hd in range(kh * group, (kh + 1) * group):
             rows = q[:, hd].reshape(b * s, d)
-            res = nx.attention_rows(rows, gk, gv, start, length, op.attrs["scale"], op.result.type.dtype.name)
+            res = nx.attention_rows(rows, gk, gv, start, length, op.attrs["scale"], op.result.type.dtype.name,
+                                    heat=None if heat is None else heat[hd])  # fmt: skip
             out[:, hd] = res.reshape(b, s, d)
+    if heat is not None:
+        row = int(op.attrs["heat_row"])
+        state.globals[op.attrs["heat_global"]][row : row + n * bs] = heat.T
     return [out]

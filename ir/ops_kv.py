@@ -18,6 +18,14 @@ new token writes and which blocks each query row reads — the layout vLLM's pag
   gives zeros).  A slot, block id or window outside its range is a run-time error (the simulator
   traps): the indices are data, so no compile-time proof covers them.
 
+With ``heat_global`` set (decoder builds whose KV policy or dynamic window needs it,
+``ir/decoder_import.enable_attention_heat``) ``mcp.paged_attention`` also writes the attention
+heat of the call into that f32 global ``[rows, Hq]``: for gathered position ``j < nblocks ·
+block_size`` and query head ``hq``, row ``heat_row + j`` column ``hq`` = the sum over the call's
+query rows of head ``hq`` of the probability they give position j (0 where no window reaches;
+rows from ``nblocks · block_size`` on are left as they were) — ``numerics.attention_rows``'s
+``heat``.  The op then has a side effect and is never removed.
+
 What the ops need from the module (that the globals exist, agree with each other and with the
 operands) is checked by ``ir/state.py``.
 """
@@ -67,7 +75,13 @@ class PagedAttentionOp(StateOp):
         "kv_heads": Attr("int"),
         "scale": Attr("float"),
         "block_size": Attr("int", 64),
+        "heat_global": Attr("str", "", doc="f32 global receiving the attention heat ('' = none)"),
+        "heat_row": Attr("int", 0, doc="the global's row of gathered position 0 (this layer's part)"),
     }
+
+    @property
+    def HAS_SIDE_EFFECTS(self) -> bool:  # noqa: N802 (the attribute dce reads)
+        return bool(self.attrs.get("heat_global"))
 
     @classmethod
     def infer_types(cls, operand_types, attrs):

@@ -116,6 +116,21 @@ def _check_paged_attention(module: Module, op, ranges: dict, where: str) -> None
         raise VerifyError(f"{where}: {op.describe()}: K cache {kt} and V cache {vt} differ")
     lo, hi = _range(ranges, op.operands[4], op, where)
     g = op.operands[1].type.shape[0]
+    heat = op.attrs.get("heat_global")
+    if heat:
+        t = module.globals[heat].type if heat in module.globals else None
+        hq, row = op.operands[0].type.shape[1], int(op.attrs["heat_row"])
+        if (
+            t is None
+            or t.dtype.name != "f32"
+            or t.rank != 2
+            or t.shape[1] != hq
+            or not (0 <= row and row + g * block <= t.shape[0])
+        ):
+            raise VerifyError(
+                f"{where}: {op.describe()}: heat global @{heat} ({t if t is not None else 'not declared'}) "
+                f"must be f32 [rows, {hq}] with rows {row}..{row + g * block} for the {g} blocks' positions"
+            )
     if lo < 0 or hi > g:
         raise VerifyError(
             f"{where}: {op.describe()}: the block count in [{lo}, {hi}] can leave [0, {g}] (the block "

@@ -280,6 +280,10 @@ def _decoder_line(report) -> str:
         pool = d.get("kv_pool")
         if pool:  # where the full blocks live in NPU DRAM, read by kvdecomp (docs/kv-cache.md)
             line += f" in a {pool['pool_bytes']:,}-byte pool"
+    heat = d.get("heat")
+    if heat:  # the program writes its attention heat for the host (docs/decoding.md, "Attention heat")
+        window = "" if heat.get("min_window") is None else f", dynamic window (min {heat['min_window']})"
+        line += f", attention heat out{window}"
     checks = report.get("decoder_check") or []
     for check, what in zip(checks, ("imported", "built"), strict=False):
         err = check["errors"].get("logits", 0.0)

@@ -314,6 +314,12 @@ def _check_decoder(built, module, config) -> dict:
     info["kv_quant"] = settings.to_json() if settings is not None and settings.compresses else None
     if info["kv_quant"] is not None:
         info["kv_pool"] = _add_kv_pool(module, info)
+    info["heat"] = None
+    if settings is not None and settings.needs_attention:  # the program writes its attention heat
+        from mcpc.ir.decoder_import import enable_attention_heat
+
+        info["heat"] = enable_attention_heat(module)
+        info["heat"]["min_window"] = settings.min_window if settings.dynamic_window else None
     return info
 
 

@@ -197,7 +197,10 @@ class ConvertPrecisionPass(Pass):
         kinds = self.island_kinds(ctx)
         for func in module.functions.values():
             convert_function(func, target, kinds)
-        for name, g in module.globals.items():  # persistent buffers are stored in the build's dtype
-            if g.type.dtype == F32:
+        # persistent buffers are stored in the build's dtype, except the attention heat that
+        # mcp.paged_attention writes (f32 by definition, ir/ops_kv.py)
+        heat = {op.attrs.get("heat_global") for f in module.functions.values() for op in f.ops}
+        for name, g in module.globals.items():
+            if g.type.dtype == F32 and name not in heat:
                 module.globals[name] = GlobalDecl(name, g.type.with_dtype(target))
         return module

@@ -59,6 +59,7 @@ class DecoderMeta:
     ids: str
     positions: str | None
     kv_quant: dict | None
+    heat: dict | None = None  # the attention heat global the program writes (docs/decoding.md)
     kv_pool: dict | None = None  # a compressing build's pool and descriptor table (mcpc.kv.pool)
 
     @property
@@ -89,6 +90,7 @@ class DecoderMeta:
                 ids=str(ins["ids"]),
                 positions=None if ins.get("positions") is None else str(ins["positions"]),
                 kv_quant=meta.get("kv_quant"),
+                heat=meta.get("heat"),
                 kv_pool=meta.get("kv_pool"),
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -179,6 +181,21 @@ def step_inputs(meta: DecoderMeta, rows: int, items: Sequence[StepItem]) -> tupl
     return inputs, used
 
 
+def _narrow_windows(
+    inputs: dict[str, np.ndarray], rows: int, items: Sequence[StepItem], seqs: Sequence[Any],
+    left: Callable[[Any, int], int],
+) -> None:  # fmt: skip
+    """The dynamic attention window: row r = b*rows + t (position past_b + t) attends from
+    ``left(seq_b, position)`` on: its ``kv_start`` moves right by that much and ``kv_len`` shrinks."""
+    start, length = inputs["kv_start"], inputs["kv_len"]
+    for b, (it, seq) in enumerate(zip(items, seqs, strict=True)):
+        for t in range(len(it.tokens)):
+            r, pos = b * rows + t, it.past + t
+            edge = min(max(int(left(seq, pos)), 0), pos)
+            start[r] += edge
+            length[r] -= edge
+
+
 def _nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """Negative log-likelihood of ``targets`` under each row of ``logits``, in float64."""
     z = np.asarray(logits, np.float64)
@@ -265,6 +282,11 @@ class DecoderSession:
         self.source = loaded.source
         self.timing_only = timing_only
         self.compressed = None  # the stored blocks of a compressing build (sim/kv_store.py)
+        self.heat = None  # the attention the sequences' positions received (a build with heat)
+        if self.meta.heat is not None:
+            from .kv_store import AttentionHeat
+
+            self.heat = AttentionHeat(self.meta, self.session, timing_only)
         if self.meta.kv_quant is not None and "quant" in self.meta.kv_quant:
             from mcpc.kv import KvSettings
 
@@ -279,7 +301,7 @@ class DecoderSession:
                 settings = KvSettings.from_json(self.meta.kv_quant)
             except (TypeError, ValueError) as exc:
                 raise InputError(f"{self.source}: META decoder.kv_quant is malformed ({exc})") from None
-            self.compressed = CompressedKV(settings, self.meta, self.session, timing_only)
+            self.compressed = CompressedKV(settings, self.meta, self.session, timing_only, self.heat)
             bytes_per_block = 0  # a block holds what was stored in it: set after each call
         self.kv = KVManager(
             self.meta.kv_blocks,
@@ -303,6 +325,8 @@ class DecoderSession:
 
     def free(self, seq) -> None:
         self.kv.free(seq)
+        if self.heat is not None:
+            self.heat.free(seq)
 
     def _call(self, entry: str, pairs: Sequence[tuple[Any, Sequence[int]]]) -> np.ndarray | None:
         """Append each pair's tokens to its sequence and run ``entry`` once over them; logits
@@ -314,12 +338,23 @@ class DecoderSession:
             self.kv.append(seq, toks)
             items.append(StepItem(self.kv.block_table(seq), past, toks))
         inputs, used = step_inputs(self.meta, rows, items)
-        written = self._written(items) if self.compressed is not None else {}
+        seqs = [seq for seq, _ in pairs]
+        if self.heat is not None and self.heat.min_window is not None:
+            _narrow_windows(inputs, rows, items, seqs, self.heat.window_left)
+        written = self._written(items, seqs) if self.compressed is not None else {}
         if self.compressed is not None:
             self.compressed.before_call(inputs["kv_gather"][:used], written)
         out = self.session.run(
             inputs, entry=entry, registers={KV_BLOCKS_REG: used}, timing_only=self.timing_only
         )
+        if self.heat is not None:
+            blk, done = self.meta.block, []
+            used_before = 0  # the sequence's first row in the gathered buffer (step_inputs' kv_start)
+            for seq, it in zip(seqs, items, strict=True):
+                total = it.past + len(it.tokens)
+                done.append((seq, used_before * blk, total))
+                used_before += -(-total // blk)
+            self.heat.after_call(done)
         if self.compressed is not None:
             self._store_blocks(written)
         prof = self.session.last_profile
@@ -336,19 +371,21 @@ class DecoderSession:
         logits = out[self.meta.logits]
         return np.asarray(logits).reshape(self.meta.max_batch, rows, -1)[: len(pairs)]
 
-    def _written(self, items: Sequence[StepItem]) -> dict[int, tuple[int, int, int]]:
+    def _written(
+        self, items: Sequence[StepItem], seqs: Sequence[Any]
+    ) -> dict[int, tuple[int, int, int, Any]]:
         """The blocks a call writes: block id -> (first row written, rows held after the call,
-        position of the block's first row)."""
+        position of the block's first row, the sequence writing it)."""
         blk = self.meta.block
-        written: dict[int, tuple[int, int, int]] = {}
-        for it in items:
+        written: dict[int, tuple[int, int, int, Any]] = {}
+        for it, seq in zip(items, seqs, strict=True):
             past, total = it.past, it.past + len(it.tokens)
             for j in range(past // blk, -(-total // blk)):
                 lo = max(past - j * blk, 0)
-                written[int(it.blocks[j])] = (lo, min(total - j * blk, blk), j * blk)
+                written[int(it.blocks[j])] = (lo, min(total - j * blk, blk), j * blk, seq)
         return written
 
-    def _store_blocks(self, written: dict[int, tuple[int, int, int]]) -> None:
+    def _store_blocks(self, written: dict[int, tuple[int, int, int, Any]]) -> None:
         """Store the blocks the call wrote (compressing build) and update their sizes and the peaks."""
         for bid in self.compressed.after_call(written):
             self.kv.set_block_bytes(bid, self.compressed.size(bid))

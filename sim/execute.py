@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from mcpc.arch.isa import ISA, Instr, resolve
+from mcpc.arch.isa import ISA, Instr, resolve, vattn_heat_offset
 from mcpc.arch.numerics import (
     NUMPY_DTYPES,
     attention_rows,
@@ -114,14 +114,27 @@ def _scatter(m: Machine, a: tuple) -> None:
 
 
 def _vattn(m: Machine, a: tuple) -> None:
-    """Attention rows over K/V in SRAM; the window table is read first (its lengths set the cost)."""
-    (Q, K, V, W, D), reg, cap, scale, share, dtype, cost, cell = a
+    """Attention rows over K/V in SRAM; the window table is read first (its lengths set the cost).
+    With a heat table (``H``), one kernel call per query head accumulates that head's column."""
+    (Q, K, V, W, D, H), reg, cap, scale, share, dtype, cost, cell = a
     starts, lens = _windows(m, W, reg, cap)
-    cell[0] = cost(lens)
     s = m.sram
-    out = attention_rows(_get(s, Q), _get(s, K), _get(s, V), np.tile(starts, share), np.tile(lens, share),
-                         scale, dtype)  # fmt: skip
+    if H is None:
+        cell[0] = cost(lens)
+        out = attention_rows(_get(s, Q), _get(s, K), _get(s, V), np.tile(starts, share),
+                             np.tile(lens, share), scale, dtype)  # fmt: skip
+        _put(s, D, out)
+        return
+    n = _in_use(m, reg, cap)
+    cell[0] = cost(lens, n)
+    q, k, v, e = _get(s, Q), _get(s, K), _get(s, V), len(starts)
+    heat = np.zeros((n, share), np.float32)
+    out = np.concatenate([
+        attention_rows(q[g * e : (g + 1) * e], k, v, starts, lens, scale, dtype, heat=heat[:, g])
+        for g in range(share)
+    ])  # fmt: skip
     _put(s, D, out)
+    _get(s, H)[:n] = heat
 
 
 def _kv_blocks(m: Machine, a: tuple) -> tuple[np.ndarray, np.ndarray]:
@@ -176,16 +189,20 @@ def _kvdecomp_cost(m: Machine, a: tuple) -> None:
 
 def _vattn_cost(m: Machine, a: tuple) -> None:
     """Timing-only twin of ``_vattn``: the window table read and checked, its cost recorded."""
-    (_, _, _, W, _), reg, cap, _, _, _, cost, cell = a
-    cell[0] = cost(_windows(m, W, reg, cap)[1])
+    (_, _, _, W, _, H), reg, cap, _, _, _, cost, cell = a
+    lens = _windows(m, W, reg, cap)[1]
+    cell[0] = cost(lens) if H is None else cost(lens, _in_use(m, reg, cap))
+
+
+def _in_use(m: Machine, reg: int, cap: int) -> int:
+    """The K/V rows in use: r[reg] clamped to [0, cap], or ``cap`` without a register."""
+    return min(max(m.regs[reg], 0), cap) if reg else cap
 
 
 def _windows(m: Machine, W: tuple, reg: int, cap: int) -> tuple[np.ndarray, np.ndarray]:
     table = np.array(_get(m.sram, W), dtype=np.int64)
     starts, lens = table[0], table[1]
-    n = cap
-    if reg:
-        n = min(max(m.regs[reg], 0), cap)
+    n = _in_use(m, reg, cap)
     bad = np.flatnonzero((starts < 0) | (lens < 0) | (starts + lens > n))
     if bad.size:
         e = int(bad[0])
@@ -597,12 +614,15 @@ def compile_vattn(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler,
     V = b.operand("V", i.kv + n * d * NUMPY_DTYPES[i.kv_dtype].itemsize, n, d, d, 0, i.kv_dtype)
     W = b.raw("window table", i.win, 2, entries, 4 * entries, 4, _I32)
     D = b.operand("dst", i.dst, rows, d, d, 0, i.in_dtype)
+    H = None
+    if i.heat:  # the heat table: kv_rows x share f32 after the result
+        H = b.operand("heat", i.dst + vattn_heat_offset(rows, d, i.in_dtype), n, share, share, 0, "f32")
 
-    def cost(lens: np.ndarray) -> Any:
-        return attention_cost(lens, share, d, i.in_dtype, i.kv_dtype, target)
+    def cost(lens: np.ndarray, heat_rows: int | None = None) -> Any:
+        return attention_cost(lens, share, d, i.in_dtype, i.kv_dtype, target, heat_rows)
 
     cell = [cost(np.zeros(0, np.int64))]
-    return _vattn, ((Q, K, V, W, D), i.kv_reg, n, i.scale, share, i.in_dtype, cost, cell)
+    return _vattn, ((Q, K, V, W, D, H), i.kv_reg, n, i.scale, share, i.in_dtype, cost, cell)
 
 
 def compile_kvdecomp(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:

@@ -22,12 +22,17 @@ What the cache stores is kept here, per block, as the bytes ``mcpc.kv.store_kv_b
   A build without a pool (an older .mcpb) keeps the host path: every stored block the call
   gathers is read back from its bytes into the view (CRC checked, ``KVBlockCorrupt``).
 
-Attention statistics: the program's ``vattn`` does not output attention probabilities, so the
-attention-driven policies use stated approximations: ``heavy_hitter``'s heat of a token is the L2
-norm of its K row in that head (the same tokens are kept in K and V); ``topk_entropy`` is given
-equal head entropies (the layer budget is split evenly across KV heads, then top-k by magnitude per
-tile).  The dynamic window is not applied (it changes which positions a query attends, and the
-program attends the whole context).
+Attention statistics (``AttentionHeat``): a build whose policy or dynamic window reads the
+model's attention (META ``decoder.heat``) has its ``vattn``s write the attention heat of each call
+into the ``kv_heat`` global; after each call the host adds it, per sequence, layer, query head and
+sequence position, to what the sequence accumulated over its calls.  When a block is stored with
+the policy, ``heavy_hitter`` gets the block's positions' heat (per KV head: the sum over its query
+heads) and ``topk_entropy`` each KV head's entropy of that accumulated attention (``heat_entropy``
+over the sequence's positions so far); the dynamic window narrows each row's ``kv_start`` /
+``kv_len`` (``DecoderSession``).  A program built without heat (an older .mcpb) falls back to the
+stated approximations of before: ``heavy_hitter``'s heat of a token the L2 norm of its K row,
+``topk_entropy`` equal head entropies.  A timing-only run computes no heat: its block sizes are
+nominal and its rows attend every position.
 
 Compressing a block is the host's work (``kvcomp`` is not modelled); reading it is the program's,
 so the simulated cycles of a step follow the stored bytes; ``kv_bytes`` and the roofline count them.
@@ -41,7 +46,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mcpc.errors import InputError, InternalError
-from mcpc.kv import AttentionStats, KvSettings, load_kv_block, nominal_block_bytes, store_kv_block
+from mcpc.kv import (
+    AttentionStats,
+    KvSettings,
+    dynamic_window_left,
+    heat_entropy,
+    load_kv_block,
+    nominal_block_bytes,
+    store_kv_block,
+)
 from mcpc.kv.pool import COMPRESSED, DESC, PLAIN, POOL, desc_column, descriptor, slot_offset
 
 KINDS = ("k", "v")
@@ -63,8 +76,9 @@ class _Block:
 class CompressedKV:
     """The stored blocks of one DecoderSession's cache (module docstring)."""
 
-    def __init__(self, settings: KvSettings, meta, session, timing_only: bool = False):
+    def __init__(self, settings: KvSettings, meta, session, timing_only: bool = False, heat=None):
         self.settings, self.meta, self.session = settings, meta, session
+        self.heat: AttentionHeat | None = heat  # the model's attention, when the program writes it
         self.filling = KvSettings(quant=settings.quant, quant_tol=settings.quant_tol)  # no policy
         self.timing_only = timing_only
         self.blocks: dict[int, _Block] = {}
@@ -113,11 +127,12 @@ class CompressedKV:
                         view[h, bid * blk : bid * blk + rows.shape[0]] = rows
 
     # ------------------------------------------------------------------ writes
-    def after_call(self, written: dict[int, tuple[int, int, int]]) -> list[int]:
+    def after_call(self, written: dict[int, tuple[int, int, int, object]]) -> list[int]:
         """Store the blocks a call wrote: ``written`` maps a block id to (first row written, rows held
-        after the call, position of the block's first row); returns the block ids whose size changed."""
+        after the call, position of the block's first row, the sequence that wrote it); returns the
+        block ids whose size changed."""
         changed, self._sized = self._sized, []
-        for bid, (lo, rows, first_pos) in written.items():
+        for bid, (lo, rows, first_pos, seq) in written.items():
             b = self.blocks.get(bid)
             if b is None or lo == 0:  # a block (re)allocated: its old contents are gone
                 b = self.blocks[bid] = _Block()
@@ -128,7 +143,7 @@ class CompressedKV:
                 if self.pool is not None and b.full:
                     self.pool.put_nominal(bid, self._nominal_heads())
             else:
-                self._store(bid, b, lo, first_pos)
+                self._store(bid, b, lo, first_pos, seq)
                 if self.pool is not None and b.full:
                     self.pool.put(bid, b.data)
             changed.append(bid)
@@ -162,7 +177,24 @@ class CompressedKV:
             for _ in KINDS
         )
 
-    def _store(self, bid: int, b: _Block, lo: int, first_pos: int) -> None:
+    def _stats(self, b: _Block, layer: int, first_pos: int, seq) -> AttentionStats | None:
+        """What the policy needs about ``layer``'s part of a full block, from the sequence's heat
+        (or, in a program without heat, the approximations of the module docstring)."""
+        policy, rows, m = self.settings.policy, b.rows, self.meta
+        if policy not in ("heavy_hitter", "topk_entropy"):
+            return None
+        if self.heat is None:
+            if policy == "topk_entropy":
+                return AttentionStats(head_entropy=np.zeros(m.kv_heads))
+            k = b.raw[layer, "k"][:, :rows].astype(np.float32)
+            heat = np.sqrt((k * k).sum(-1))
+        elif policy == "topk_entropy":
+            return AttentionStats(head_entropy=self.heat.entropy(seq, layer, first_pos + rows))
+        else:
+            heat = self.heat.kv_heat(seq, layer, first_pos, first_pos + rows)
+        return AttentionStats(heat=heat, first_position=first_pos, seq_len=first_pos + rows)
+
+    def _store(self, bid: int, b: _Block, lo: int, first_pos: int, seq) -> None:
         m, blk = self.meta, self.meta.block
         rows, settings = b.rows, self.settings if b.full else self.filling
         b.nbytes, b.retained = 0, 0
@@ -173,14 +205,7 @@ class CompressedKV:
                 if raw is None:
                     raw = b.raw[layer, kind] = np.zeros((m.kv_heads, blk, m.head_dim), views[kind].dtype)
                 raw[:, lo:rows] = views[kind][:, bid * blk + lo : bid * blk + rows]
-            stats = None
-            if b.full and settings.policy == "heavy_hitter":
-                k = b.raw[layer, "k"][:, :rows].astype(np.float32)
-                stats = AttentionStats(
-                    heat=np.sqrt((k * k).sum(-1)), first_position=first_pos, seq_len=first_pos + rows
-                )
-            elif b.full and settings.policy == "topk_entropy":
-                stats = AttentionStats(head_entropy=np.zeros(m.kv_heads))
+            stats = self._stats(b, layer, first_pos, seq) if b.full else None
             for kind in KINDS:
                 stored = store_kv_block(b.raw[layer, kind][:, :rows], settings, layer, stats)
                 for h, s in enumerate(stored):
@@ -200,8 +225,65 @@ class CompressedKV:
             "stored_blocks": self.stored_blocks,
             "head_blocks_per_block": self.meta.layers * 2 * self.meta.kv_heads,
             "fp16_retained_head_blocks": self.retained_blocks,
-            "stats": "heavy_hitter heat = L2 norm of the K row; topk_entropy: equal head entropies",
+            "stats": (
+                "heavy_hitter heat = L2 norm of the K row; topk_entropy: equal head entropies"
+                if self.heat is None
+                else "the model's attention (vattn heat)"
+            ),
         }
+
+
+class AttentionHeat:
+    """The attention each sequence's positions received, accumulated over its calls, from the
+    ``kv_heat`` global the program writes (META ``decoder.heat``: its name and ``positions``, the
+    gathered positions per layer; ``min_window`` the dynamic window, or None)."""
+
+    def __init__(self, meta, session, timing_only: bool = False):
+        self.meta, self.session, self.timing_only = meta, session, timing_only
+        self.name, self.positions = str(meta.heat["global"]), int(meta.heat["positions"])
+        mw = meta.heat.get("min_window")
+        self.min_window = None if mw is None else int(mw)
+        self.seqs: dict[object, np.ndarray] = {}  # seq -> [layers, q_heads, max_seq] float64
+
+    def after_call(self, items: Sequence[tuple[object, int, int]]) -> None:
+        """Add this call's heat: ``items`` (sequence, its first row in the gathered buffer, its
+        positions after the call); gathered row base + p is the sequence's position p."""
+        if self.timing_only:
+            return
+        m = self.meta
+        view = self.session.persistent_view(self.name).reshape(m.layers, self.positions, m.q_heads)
+        for seq, base, total in items:
+            acc = self.seqs.get(seq)
+            if acc is None:
+                acc = self.seqs[seq] = np.zeros((m.layers, m.q_heads, m.max_seq), np.float64)
+            acc[:, :, :total] += view[:, base : base + total, :].transpose(0, 2, 1)
+
+    def free(self, seq) -> None:
+        self.seqs.pop(seq, None)
+
+    def _get(self, seq) -> np.ndarray:
+        acc = self.seqs.get(seq)
+        if acc is None:
+            m = self.meta
+            return np.zeros((m.layers, m.q_heads, m.max_seq), np.float64)
+        return acc
+
+    def kv_heat(self, seq, layer: int, lo: int, hi: int) -> np.ndarray:
+        """Heat of positions [lo, hi) per KV head (the sum over its query heads): [kv_heads, hi - lo]."""
+        m = self.meta
+        h = self._get(seq)[layer, :, lo:hi]
+        return h.reshape(m.kv_heads, m.q_heads // m.kv_heads, hi - lo).sum(axis=1)
+
+    def entropy(self, seq, layer: int, total: int) -> np.ndarray:
+        """Each KV head's entropy of its accumulated attention over positions [0, total): [kv_heads]."""
+        return heat_entropy(self._get(seq)[layer, :, :total], self.meta.kv_heads)
+
+    def window_left(self, seq, pos: int) -> int:
+        """The dynamic window's left edge for the query at ``pos`` (0 without a dynamic window or
+        heat): the seed's heat rule over the heat of positions 0..pos summed over layers and heads."""
+        if self.min_window is None or self.timing_only or seq not in self.seqs:
+            return 0
+        return dynamic_window_left(self.seqs[seq][:, :, : pos + 1].sum(axis=(0, 1)), self.min_window)
 
 
 class _Pool:

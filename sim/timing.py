@@ -36,7 +36,7 @@ import math
 from collections import deque
 from typing import Any, NamedTuple
 
-from mcpc.arch.isa import ENGINES, EX, SFU_FUNCS, Instr, resolve
+from mcpc.arch.isa import ENGINES, EX, SFU_FUNCS, Instr, resolve, vattn_heat_offset
 from mcpc.arch.numerics import NUMPY_DTYPES
 
 from .decode import Decoded
@@ -130,7 +130,9 @@ def vattn_cost(i: Instr | Decoded, target: Any) -> Cost:
     return Cost(1, 0, 0, 0, 0)
 
 
-def attention_cost(lens: Any, share: int, d: int, in_dtype: str, kv_dtype: str, target: Any) -> Cost:
+def attention_cost(
+    lens: Any, share: int, d: int, in_dtype: str, kv_dtype: str, target: Any, heat_rows: int | None = None
+) -> Cost:
     """Cycles of ``vattn`` over windows of lengths ``lens`` (one per table entry, ``share`` query
     rows each) of ``d``-element rows (docs/timing.md, "Attention over run-time windows").
 
@@ -139,11 +141,15 @@ def attention_cost(lens: Any, share: int, d: int, in_dtype: str, kv_dtype: str, 
     rows sharing them) at the slower MAC rate of the two dtypes; then exp of share·ΣL scores on
     the SFU lanes and four f32 vector passes over them (scale, max, subtract, sum and divide).
     The engine does them back to back (busy = their sum); tail = the array's short latency plus
-    the vector pipeline's.  Nothing is charged for the K/V capacity beyond the windows."""
+    the vector pipeline's.  Nothing is charged for the K/V capacity beyond the windows.
+
+    ``heat_rows`` (the K/V rows in use, when the instruction writes its heat table): two more f32
+    vector passes, zeroing the share x heat_rows table and accumulating the share·ΣL probabilities."""
     mac, vec = target.mac, target.vector
     lens = [int(x) for x in lens if x > 0]
+    heat = 0 if heat_rows is None or share <= 0 else share * int(heat_rows)
     if not lens or share <= 0 or d <= 0:
-        return Cost(1, 0, 0, 0, 0)
+        return Cost(1 + math.ceil(heat / target.vector_lanes_for("f32")), 0, 0, 0, 0)
     rates = mac.macs_per_cycle
     dt = in_dtype if rates.get(in_dtype, 0) <= rates.get(kv_dtype, 0) else kv_dtype
     kvb = _elem_bytes(kv_dtype, d)
@@ -153,7 +159,8 @@ def attention_cost(lens: Any, share: int, d: int, in_dtype: str, kv_dtype: str, 
         pv = _array_cost(share, d, n_len, dt, n_len * kvb, target).busy
         array += times * (qk + pv)
     scores = share * sum(lens)
-    busy = array + math.ceil(scores / vec.sfu_lanes) + math.ceil(4 * scores / target.vector_lanes_for("f32"))
+    f32_passes = 4 * scores + (0 if heat_rows is None else heat + scores)
+    busy = array + math.ceil(scores / vec.sfu_lanes) + math.ceil(f32_passes / target.vector_lanes_for("f32"))
     tail = (mac.stream_latency if share <= mac.stream_max_rows else mac.pipeline_latency) + vec.latency
     return Cost(busy, tail, 2 * scores * d, 0, 0)
 
@@ -284,6 +291,9 @@ def sram_regions(i: Instr | Decoded) -> tuple[tuple[Region, ...], tuple[Region, 
         reads = [_region(i.src, rows, d, d, 0, i.in_dtype), _region(i.kv, 2 * n, d, d, 0, i.kv_dtype)]
         reads.append(_raw_region(i.win, 1, 8 * entries, 0))
         writes = [_region(i.dst, rows, d, d, 0, i.in_dtype)]
+        if i.heat:
+            share = max(i.share, 1)
+            writes.append(_region(i.dst + vattn_heat_offset(rows, d, i.in_dtype), n, share, share, 0, "f32"))
     elif op == "transpose":
         eb = i.elem_bytes
         reads = [_raw_region(i.src, i.rows, i.cols * eb, i.src_stride * eb) if i.cols else None]

@@ -4,7 +4,14 @@ format with its CRC-8, and the entry point the compiler, the simulator and the K
 
 from mcpc.kv.codec import KVBlockCorrupt, decode_block, encode_block
 from mcpc.kv.crc import crc8
-from mcpc.kv.policies import POLICIES, attention_entropy, attention_heat, dynamic_window_left, keep_count
+from mcpc.kv.policies import (
+    POLICIES,
+    attention_entropy,
+    attention_heat,
+    dynamic_window_left,
+    heat_entropy,
+    keep_count,
+)
 from mcpc.kv.store import (
     AttentionStats,
     KvSettings,
@@ -25,6 +32,7 @@ __all__ = [
     "crc8",
     "decode_block",
     "dynamic_window_left",
+    "heat_entropy",
     "encode_block",
     "keep_count",
     "load_kv_block",

@@ -179,6 +179,21 @@ def attention_heat(probs: np.ndarray, kv_heads: int) -> np.ndarray:
     return _grouped(p, kv_heads).sum(axis=1)
 
 
+def heat_entropy(heat: np.ndarray, kv_heads: int) -> np.ndarray:
+    """Entropy (nats) of each query head's accumulated attention: ``heat`` [q_heads, positions]
+    (the attention probability each position received, summed over query rows and steps) normalized
+    to a distribution over the positions; averaged over the query heads sharing a KV head:
+    [kv_heads].  A head whose heat is all zero (or not finite) has entropy 0."""
+    h = np.asarray(heat, np.float64)
+    total = h.sum(axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = h / total
+        terms = np.where(p > 0, -p * np.log(p), 0.0)
+    ent = terms.sum(axis=1)
+    ent = np.where(np.isfinite(ent) & (total[:, 0] > 0), ent, 0.0)
+    return _grouped(ent, kv_heads).mean(axis=1)
+
+
 def dynamic_window_left(heat: np.ndarray, min_window: int, factor: float = HEAT_FACTOR) -> int:
     """The seed's dynamic attention window for the query at position ``pos = len(heat) - 1``:
     ``heat`` [pos + 1] the accumulated attention of positions 0..pos.  The left edge is the

@@ -90,6 +90,13 @@ class KvSettings:
         return cls(**data)
 
     @property
+    def needs_attention(self) -> bool:
+        """Whether the host needs the model's attention heat: an attention-driven policy that drops
+        something (``heavy_hitter``, ``topk_entropy``) or the dynamic window."""
+        drops = self.sparsity_ratio > 0 or any(r > 0 for r in self.per_layer.values())
+        return self.dynamic_window or (self.policy in ("heavy_hitter", "topk_entropy") and drops)
+
+    @property
     def compresses(self) -> bool:
         """Whether blocks are stored other than dense in the activation dtype."""
         return self.quant == "int8" or (

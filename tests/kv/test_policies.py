@@ -154,3 +154,14 @@ def test_topk_flat_is_a_stable_sort(x, k):
     want = np.zeros(x.size, bool)
     want[np.argsort(-key, kind="stable")[:k]] = True
     assert (policies.topk_flat(x, k) == want).all()
+
+
+def test_heat_entropy_is_the_entropy_of_each_heads_pooled_attention():
+    from mcpc.kv import heat_entropy
+
+    heat = np.array([[1.0, 1, 1, 1], [4, 0, 0, 0], [3, 1, 0, 0], [0, 0, 0, 0]])  # 4 query heads
+    p = np.array([0.75, 0.25])
+    want_q = [np.log(4), 0.0, -(p * np.log(p)).sum(), 0.0]  # all-zero heat: 0
+    np.testing.assert_allclose(heat_entropy(heat, 4), want_q)
+    np.testing.assert_allclose(heat_entropy(heat, 2), [np.log(4) / 2, want_q[2] / 2])  # mean per KV head
+    np.testing.assert_allclose(heat_entropy(heat * 7.5, 2), heat_entropy(heat, 2))  # scale-free
