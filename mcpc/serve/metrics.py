@@ -63,11 +63,15 @@ def summarize(sim: Simulator, slo=None) -> dict:
     tokens = sum(s.generated for s in done)
     useful = sum(s.req.output_len for s in done)
     its = sim.iterations
-    busy = sum(i["end"] - i["start"] for i in its)
-    kv_time = sum((i["end"] - i["start"]) * i["kv_blocks_used"] for i in its)
+    col = its.column
+    dur = col("end") - col("start")
+    busy = float(dur.sum())
+    kv_time = float((dur * col("kv_blocks_used")).sum())
     kv = sim.kv
-    peak_blocks = max((i["kv_blocks_used"] for i in its), default=0)
-    decode_its = [i for i in its if i["decode"]]
+    peak_blocks = int(col("kv_blocks_used").max()) if len(its) else 0
+    batch = col("decode")
+    batch = batch[batch > 0]
+    prefill_tokens = int(col("prefill_tokens").sum())
     out = {
         "requests": len(done),
         "policy": sim.policy.name,
@@ -84,14 +88,12 @@ def summarize(sim: Simulator, slo=None) -> dict:
         "npu": {
             "iterations": len(its),
             "busy_fraction": busy / span,
-            "decode_cycles": float(sum(i["decode_cycles"] for i in its)),
-            "prefill_cycles": float(sum(i["prefill_cycles"] for i in its)),
-            "mean_decode_batch": float(np.mean([i["decode"] for i in decode_its])) if decode_its else 0.0,
-            "prefill_tokens": int(sum(i["prefill_tokens"] for i in its)),
+            "decode_cycles": float(col("decode_cycles").sum()),
+            "prefill_cycles": float(col("prefill_cycles").sum()),
+            "mean_decode_batch": float(batch.mean()) if batch.size else 0.0,
+            "prefill_tokens": prefill_tokens,
             # prefill tokens beyond the prompts' (tokens recomputed after preemptions)
-            "recomputed_tokens": int(
-                sum(i["prefill_tokens"] for i in its) - sum(s.req.prompt_len for s in done) + kv.hit_tokens
-            ),
+            "recomputed_tokens": int(prefill_tokens - sum(s.req.prompt_len for s in done) + kv.hit_tokens),
         },
         "kv": {
             "blocks": kv.num_blocks,
