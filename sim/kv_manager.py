@@ -133,6 +133,10 @@ class KVManager:
         s = self._get(seq)
         return s.blocks[position // self.block] * self.block + position % self.block
 
+    def is_cached(self, block_hash: bytes) -> bool:
+        """Whether a full block of chained hash ``block_hash`` is in the prefix cache."""
+        return block_hash in self._cache
+
     def refcount(self, block_id: int) -> int:
         b = self._blocks.get(block_id)
         return b.refs if b else 0

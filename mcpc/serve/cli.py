@@ -129,6 +129,27 @@ def _render(result: dict, console) -> None:
         )
     for line in lines:
         console.print(line)
+    if "replicas" in result:
+        _render_replicas(result, console)
+
+
+def _render_replicas(result: dict, console) -> None:
+    from rich.table import Table
+
+    fleet = result["fleet"]
+    table = Table(title=f"{fleet['replicas']} replicas, router {fleet['router']}")
+    for col in ("replica", "requests", "tokens/s", "TTFT p99 (ms)", "E2E p99 (ms)", "busy", "KV peak"):
+        table.add_column(col, justify="right")
+    for r in result["replicas"]:
+        if not r["requests"]:
+            table.add_row(str(r["replica"]), "0", *["-"] * 5)
+            continue
+        table.add_row(
+            str(r["replica"]), str(r["requests"]), f"{r['throughput_tokens_per_s']:.1f}",
+            f"{r['ttft_ms']['p99']:.2f}", f"{r['e2e_ms']['p99']:.2f}", f"{r['npu']['busy_fraction']:.1%}",
+            f"{r['kv']['peak_utilisation']:.1%}",
+        )  # fmt: skip
+    console.print(table)
 
 
 @click.command("serve", cls=GuardedCommand)
@@ -158,7 +179,17 @@ def _render(result: dict, console) -> None:
     "--grid-points", type=click.IntRange(min=2), default=9, show_default=True,
     help="Grid points per length axis when the grid is measured.",
 )  # fmt: skip
-def serve_command(source, workload_path, policy_path, json_path, trace_path, cost_grid, exact, grid_points):
+@click.option(
+    "--replicas", type=click.IntRange(min=1), default=1, show_default=True,
+    help="NPUs behind a router, each with its own program, KV pool and policy.",
+)  # fmt: skip
+@click.option(
+    "--router", type=click.Choice(["round_robin", "least_tokens", "prefix_affinity"]),
+    default="least_tokens", show_default=True, help="How requests are spread over --replicas.",
+)  # fmt: skip
+def serve_command(
+    source, workload_path, policy_path, json_path, trace_path, cost_grid, exact, grid_points, replicas, router
+):
     """Simulate serving a workload on SOURCE: a decoder program (.mcpb, mcp-compile --max-seq) or a
     cost file (kind: analytic or cost_grid)."""
     from mcpc.fileio import write_atomic
@@ -166,8 +197,13 @@ def serve_command(source, workload_path, policy_path, json_path, trace_path, cos
 
     spec, requests = load_workload(workload_path)
     cost, shape, info = _costs(source, cost_grid, exact, grid_points)
-    policy = load_policy(policy_path, shape)
-    sim = Simulator(requests, cost, shape, policy)
+    if replicas > 1:
+        from mcpc.serve.fleet import Fleet
+
+        load_policy(policy_path, shape)  # a bad policy file fails before any replica is built
+        sim = Fleet(requests, cost, shape, lambda: load_policy(policy_path, shape), replicas, router)
+    else:
+        sim = Simulator(requests, cost, shape, load_policy(policy_path, shape))
     with _progress("serving") as tick:
         sim.run(progress=tick)
     result = summarize(sim, spec.slo)
