@@ -217,3 +217,108 @@ def serve_command(
     if trace_path:
         write_atomic(trace_path, json.dumps(chrome_trace(sim, source.name), separators=(",", ":")))
     _render(result, _stdout_console())
+
+
+@click.command("tune-batching", cls=GuardedCommand)
+@click.argument("source", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.option(
+    "--workload", "workload_path", required=True, type=click.Path(path_type=Path, dir_okay=False),
+    help="Workload YAML the settings are measured on.",
+)  # fmt: skip
+@click.option("--slo-p99-ms", "slo", required=True, type=click.FloatRange(min=0, min_open=True),
+              help="The P99 (ms) of --metric every bucket and the whole workload must meet.")  # fmt: skip
+@click.option(
+    "--metric", type=click.Choice(["e2e", "ttft", "tpot"]), default="e2e", show_default=True,
+    help="Which latency's P99 the SLO bounds: end to end, time to first token, or time per output token.",
+)  # fmt: skip
+@click.option(
+    "--search", type=click.Choice(["table", "continuous"]), default="table", show_default=True,
+    help="table: the sequence-length table's batch per bucket; continuous: max_seqs and token_budget.",
+)  # fmt: skip
+@click.option(
+    "--policy", "policy_path", type=click.Path(path_type=Path, dir_okay=False),
+    help="A seqlen_table policy whose bucket bounds and max_queue_delay_ms to keep (default: the seed's).",
+)  # fmt: skip
+@click.option("-o", "--output", "out_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write the best setting as a policy YAML for sim serve --policy.")  # fmt: skip
+@click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write every trial and the best as JSON.")  # fmt: skip
+@click.option("--cost-grid", "cost_grid", type=click.Path(path_type=Path, dir_okay=False),
+              help="Cost grid file (as sim serve).")  # fmt: skip
+@click.option("--grid-points", type=click.IntRange(min=2), default=9, show_default=True)
+def tune_batching_command(
+    source, workload_path, slo, metric, search, policy_path, out_path, json_path, cost_grid, grid_points
+):
+    """Search batching parameters of SOURCE (a decoder program or cost file, as sim serve) so that
+    the P99 of --metric meets --slo-p99-ms at the highest throughput; exit 1 when nothing does."""
+    from mcpc.errors import CheckFailed
+    from mcpc.fileio import write_atomic
+    from mcpc.serve import load_workload
+    from mcpc.serve.policies import SeqLenTableSpec
+    from mcpc.serve.tune import Tuner, policy_yaml
+
+    spec, requests = load_workload(workload_path)
+    cost, shape, info = _costs(source, cost_grid, False, grid_points)
+    bounds, delay = None, 100.0
+    if policy_path is not None:
+        from mcpc.serve.policies import load_policy
+
+        base = load_policy(policy_path, shape).spec
+        if not isinstance(base, SeqLenTableSpec):
+            raise UsageError(
+                f"{policy_path}: --policy gives the buckets to tune: expected policy: seqlen_table"
+            )
+        bounds, delay = [b.max_prompt for b in base.buckets], base.max_queue_delay_ms
+    with _progress("tuning") as tick:
+        tuner = Tuner(requests, cost, shape, slo, metric, bounds, delay, progress=tick)
+        best = tuner.search_table() if search == "table" else tuner.search_continuous()
+
+    def trial_json(t):
+        return {"policy": t.spec.model_dump(exclude_none=True), "throughput_tokens_per_s": t.throughput,
+                "p99_ms": t.p99, "bucket_p99_ms": t.bucket_p99, "bucket_requests": t.bucket_requests,
+                "feasible": t.feasible}  # fmt: skip
+
+    result = {"metric": metric, "slo_p99_ms": slo, "search": search, "bounds": tuner.bounds,
+              "best": trial_json(best), "trials": [trial_json(t) for t in tuner.trials.values()],
+              "cost": info, "workload": {"file": workload_path.name, "seed": spec.seed}}  # fmt: skip
+    if json_path:
+        write_atomic(json_path, json.dumps(result, indent=1) + "\n")
+    _render_tune(result, tuner, _stdout_console())
+    if not best.feasible:
+        raise CheckFailed(
+            f"no setting of {len(tuner.trials)} tried meets P99 {metric} <= {slo:g} ms on {workload_path}: "
+            f"the best reaches {best.worst:.4g} ms ({best.spec.model_dump(exclude_none=True)}); relax the "
+            "SLO, lower the load, or serve on more replicas"
+        )
+    if out_path:
+        header = [
+            f"tune-batching {source.name} --workload {workload_path.name} --slo-p99-ms {slo:g} "
+            f"--metric {metric} --search {search}",
+            f"P99 {metric} {best.p99:.4g} ms over all requests, {best.throughput:.1f} tokens/s "
+            f"({len(tuner.trials)} settings simulated)",
+        ]
+        write_atomic(out_path, policy_yaml(best, tuner, header))
+
+
+def _render_tune(result: dict, tuner, console) -> None:
+    from rich.table import Table
+
+    best = result["best"]
+    table = Table(title=f"tune-batching: P99 {result['metric']} <= {result['slo_p99_ms']:g} ms, "
+                        f"best of {len(result['trials'])} settings")  # fmt: skip
+    for col in ("bucket (prompt tokens)", "batch", "requests", "P99 (ms)"):
+        table.add_column(col, justify="right")
+    lo = 0
+    buckets = best["policy"].get("buckets")
+    for i, bound in enumerate(result["bounds"]):
+        rng = f"{lo + 1}-{bound}" if bound is not None else f"> {lo}"
+        batch = str(buckets[i]["batch"]) if buckets else "-"
+        p = best["bucket_p99_ms"][i]
+        table.add_row(rng, batch, str(best["bucket_requests"][i]), "-" if p is None else f"{p:.2f}")
+        lo = bound or lo
+    console.print(table)
+    pol = {k: v for k, v in best["policy"].items() if k != "buckets"}
+    console.print(
+        f"best {pol}: {best['throughput_tokens_per_s']:.1f} tokens/s, P99 {result['metric']} "
+        f"{best['p99_ms']:.2f} ms over all requests, {'meets' if best['feasible'] else 'MISSES'} the SLO"
+    )

@@ -41,6 +41,9 @@ class StaticSpec(Section):
 class Bucket(Section):
     max_prompt: int | None = Field(default=None, ge=1, description="largest prompt length (inclusive)")
     batch: int = Field(ge=1)
+    p99_ms: float | None = Field(
+        default=None, ge=0, description="informational: the P99 tune-batching measured (not read)"
+    )
 
 
 SEED_TABLE = [Bucket(max_prompt=127, batch=32), Bucket(max_prompt=512, batch=16), Bucket(batch=4)]
