@@ -43,7 +43,7 @@ def _progress(label: str):
 
 def _costs(source: Path, cost_grid: Path | None, exact: bool, points: int):
     """(step cost, served shape, cost description for the JSON) for a program or a cost file."""
-    from mcpc.serve.cost import AnalyticCost, CostGrid, ExactCost, file_digest, load_cost_file
+    from mcpc.serve.cost import GRID_VERSION, AnalyticCost, CostGrid, ExactCost, file_digest, load_cost_file
 
     if source.suffix.lower() in _COST_SUFFIXES:
         cost, shape = load_cost_file(source)
@@ -54,6 +54,7 @@ def _costs(source: Path, cost_grid: Path | None, exact: bool, points: int):
             error = getattr(cost, "error", None)
             return cost, shape, {"mode": mode, "file": source.name, "interpolation_error": error}
         measure, clock, digest = cost.measure, cost.clock_hz, file_digest(source)
+        bandwidth = cost.dram_bytes_per_s
     else:
         from mcpc.serve.program import default_grid_path, measurer, served_shape
         from mcpc.sim.api import load_program
@@ -61,13 +62,14 @@ def _costs(source: Path, cost_grid: Path | None, exact: bool, points: int):
         loaded = load_program(source)
         shape = served_shape(loaded, str(source))
         clock = loaded.target.clock_mhz * 1e6
+        bandwidth = loaded.target.dram.bandwidth_gbps * 1e9
         digest = file_digest(source)
         if exact:
-            cost = ExactCost(measurer(loaded, str(source)), clock)
+            cost = ExactCost(measurer(loaded, str(source)), clock, bandwidth)
             return cost, shape, {"mode": "exact", "file": source.name}
         cost_grid = cost_grid or default_grid_path(source)
         measure = None  # only when the cache misses: measuring needs the host driver
-    if cost_grid.exists():
+    if cost_grid.exists() and _grid_version(cost_grid) not in range(1, GRID_VERSION):  # older: measured again
         grid, _ = load_cost_file(cost_grid)
         if isinstance(grid, CostGrid) and grid.source.get("sha256") == digest:
             return grid, shape, _grid_info(grid, cost_grid, cached=True)
@@ -81,9 +83,17 @@ def _costs(source: Path, cost_grid: Path | None, exact: bool, points: int):
             points=points,
             source={"file": source.name, "sha256": digest},
             progress=tick,
+            dram_bytes_per_s=bandwidth,
         )
     grid.save(cost_grid)
     return grid, shape, _grid_info(grid, cost_grid, cached=False)
+
+
+def _grid_version(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("version")
+    except (OSError, ValueError, AttributeError):
+        return None  # not a grid we wrote: load_cost_file names what is wrong with it
 
 
 def _grid_info(grid, path: Path, cached: bool) -> dict:
@@ -117,6 +127,13 @@ def _render(result: dict, console) -> None:
         f"{kv['peak_bytes']} bytes), mean {kv['mean_utilisation']:.1%}, prefix hit rate "
         f"{kv['prefix_hit_rate']:.1%}, {kv['preemptions']} preemptions, {kv['evictions']} evictions",
     ]
+    bw = result.get("bandwidth") or {}
+    if bw.get("mean_utilisation") is not None:
+        lines.append(
+            f"DRAM bandwidth utilisation: mean {bw['mean_utilisation']:.1%} per step, time-weighted "
+            f"{bw['time_weighted_utilisation']:.1%}, peak {bw['peak_utilisation']:.1%} of "
+            f"{bw['dram_bytes_per_s'] / 1e9:.0f} GB/s"
+        )
     if "goodput" in result:
         g = result["goodput"]
         lines.append(f"goodput {g['requests_per_s']:.2f} requests/s ({g['fraction']:.1%} meet {g['slo']})")

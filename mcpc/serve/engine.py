@@ -64,8 +64,8 @@ class IterationLog:
     ``log[i]`` is a dict of ``FIELDS`` (counts as ints), ``log.column(name)`` a numpy array."""
 
     FIELDS = ("start", "end", "decode", "prefill", "prefill_tokens", "kv_tokens", "decode_cycles",
-              "prefill_cycles", "kv_blocks_used", "waiting")  # fmt: skip
-    _FLOAT = frozenset({"start", "end", "decode_cycles", "prefill_cycles"})
+              "prefill_cycles", "kv_blocks_used", "waiting", "dram_bytes")  # fmt: skip
+    _FLOAT = frozenset({"start", "end", "decode_cycles", "prefill_cycles", "dram_bytes"})
 
     def __init__(self):
         self._cols = [array("d") for _ in self.FIELDS]
@@ -102,6 +102,8 @@ class Simulator:
     ):
         self.requests, self.cost, self.shape, self.policy = requests, cost, shape, policy
         self.check = check
+        # DRAM bytes of each step when the cost knows them (0 otherwise: no bandwidth figures)
+        self.bandwidth = getattr(cost, "dram_bytes_per_s", None)
         self.kv = ServingKV(shape.kv_blocks, shape.block, shape.kv_bytes_per_token, shape.max_seq)
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
@@ -205,9 +207,14 @@ class Simulator:
             if not append(q.id, q.ids[-1:]):
                 raise InternalError(f"policy {self.policy.name} runs sequence {q.id} without KV room")
         start, end = self.now, self.now + (decode_c + prefill_c) / self.cost.clock_hz
+        nbytes = 0.0
+        if self.bandwidth:
+            c = self.cost
+            nbytes = c.decode_bytes(len(it.decode), kv_tokens) if it.decode else 0.0
+            nbytes += sum(c.prefill_bytes(n, q.prefilled) for q, n in it.prefill)
         self.iterations.append(
             start, end, len(it.decode), len(it.prefill), sum(n for _, n in it.prefill), kv_tokens,
-            decode_c, prefill_c, self.kv.used_blocks, len(self.waiting),
+            decode_c, prefill_c, self.kv.used_blocks, len(self.waiting), nbytes,
         )  # fmt: skip
         self.now = end
         for seq, n in it.prefill:

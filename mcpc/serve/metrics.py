@@ -71,6 +71,25 @@ def _peak_concurrent(sims) -> int:
     return int(np.cumsum(d[order]).max())
 
 
+def _bandwidth(sims, dur: np.ndarray) -> dict:
+    """DRAM bandwidth utilisation of the steps: each step's bytes read / (its time x bandwidth),
+    the mean over steps and the time-weighted mean (all bytes / busy time x bandwidth); None
+    when the step costs know no bytes."""
+    bw = sims[0].bandwidth
+    if not bw or not dur.size:
+        return {"dram_bytes_per_s": bw or None, "dram_bytes": None, "mean_utilisation": None,
+                "time_weighted_utilisation": None, "peak_utilisation": None}  # fmt: skip
+    nbytes = _col(sims, "dram_bytes")
+    util = nbytes / np.maximum(dur, 1e-30) / bw
+    return {
+        "dram_bytes_per_s": bw,
+        "dram_bytes": float(nbytes.sum()),
+        "mean_utilisation": float(util.mean()),
+        "time_weighted_utilisation": float(nbytes.sum() / max(dur.sum(), 1e-30) / bw),
+        "peak_utilisation": float(util.max()),
+    }
+
+
 def summarize(sim, slo=None) -> dict:
     """The result JSON of a run (the keys documented in docs/serving.md): of one ``Simulator``, or
     of a ``Fleet`` (fleet-wide figures at top level, each replica's summary under ``replicas``)."""
@@ -135,6 +154,7 @@ def summarize(sim, slo=None) -> dict:
             "fraction": good / len(done),
             "requests_per_s": good / span,
         }
+    out["bandwidth"] = _bandwidth(sims, dur)
     if len(sims) > 1 or hasattr(sim, "replicas"):
         out["fleet"] = {"replicas": len(sims), "router": sim.router, "prefix_routed": sim.prefix_routed}
         out["replicas"] = [
