@@ -39,8 +39,8 @@ class Seq:
     last_token_s: float | None = None
     finish_s: float | None = None
     preemptions: int = 0
-    itl: list[float] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)  # its generated token ids
+    itl: array = field(default_factory=lambda: array("d"))  # its inter-token gaps (s)
+    ids: array = field(default_factory=lambda: array("q"))  # its generated token ids
 
     @property
     def id(self) -> int:
@@ -68,27 +68,23 @@ class IterationLog:
     _FLOAT = frozenset({"start", "end", "decode_cycles", "prefill_cycles", "dram_bytes"})
 
     def __init__(self):
-        self._cols = [array("d") for _ in self.FIELDS]
-        self._appends = [c.append for c in self._cols]
-
-    def append(self, *row: float) -> None:
-        for add, v in zip(self._appends, row, strict=True):
-            add(v)
+        self._data = array("d")  # the rows back to back
+        self.append = self._data.extend  # one row: a tuple of len(FIELDS) numbers
 
     def __len__(self) -> int:
-        return len(self._cols[0])
+        return len(self._data) // len(self.FIELDS)
 
     def column(self, name: str) -> np.ndarray:
-        return (
-            np.frombuffer(self._cols[self.FIELDS.index(name)], dtype=np.float64) if len(self) else np.zeros(0)
-        )
+        rows = np.frombuffer(self._data, dtype=np.float64) if len(self._data) else np.zeros(0)
+        return rows.reshape(-1, len(self.FIELDS))[:, self.FIELDS.index(name)]
 
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        return {
-            f: (c[i] if f in self._FLOAT else int(c[i])) for f, c in zip(self.FIELDS, self._cols, strict=True)
-        }
+        n = len(self.FIELDS)
+        i = range(len(self))[i]  # negative indices, IndexError beyond the end
+        row = self._data[i * n : (i + 1) * n]
+        return {f: (v if f in self._FLOAT else int(v)) for f, v in zip(self.FIELDS, row, strict=True)}
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))
@@ -180,13 +176,6 @@ class Simulator:
             self.running.remove(seq)
             self.finished.append(seq)
 
-    def _step_cycles(self, it: Iteration) -> tuple[float, float]:
-        decode = 0.0
-        if it.decode:
-            decode = self.cost.decode_cost(len(it.decode), sum(s.ctx + 1 for s in it.decode))
-        prefill = sum(self.cost.prefill_cost(n, s.prefilled) for s, n in it.prefill)
-        return decode, prefill
-
     def _run(self, it: Iteration) -> None:
         if not it.decode and not it.prefill:
             raise InternalError(f"policy {self.policy.name} planned an empty iteration")
@@ -195,33 +184,36 @@ class Simulator:
             raise InternalError(
                 f"policy {self.policy.name} decodes {len(it.decode)} > max_batch {s.max_batch}"
             )
-        decode_c, prefill_c = self._step_cycles(it)
         # the K/V rows this iteration writes: each prefill chunk, each decode step's input token
-        append = self.kv.append
+        append, cost, c = self.kv.append, self.cost, self.bandwidth
+        decode_c = prefill_c = nbytes = 0.0
+        prefill_tokens = kv_tokens = 0
         for q, n in it.prefill:
+            prefill_c += cost.prefill_cost(n, q.prefilled)
+            if c:
+                nbytes += cost.prefill_bytes(n, q.prefilled)
+            prefill_tokens += n
             if not append(q.id, q.tokens[q.prefilled : q.prefilled + n]):
                 raise InternalError(f"policy {self.policy.name} runs sequence {q.id} without KV room")
-        kv_tokens = 0
         for q in it.decode:
             kv_tokens += q.ctx + 1
             if not append(q.id, q.ids[-1:]):
                 raise InternalError(f"policy {self.policy.name} runs sequence {q.id} without KV room")
-        start, end = self.now, self.now + (decode_c + prefill_c) / self.cost.clock_hz
-        nbytes = 0.0
-        if self.bandwidth:
-            c = self.cost
-            nbytes = c.decode_bytes(len(it.decode), kv_tokens) if it.decode else 0.0
-            nbytes += sum(c.prefill_bytes(n, q.prefilled) for q, n in it.prefill)
+        if it.decode:
+            decode_c = cost.decode_cost(len(it.decode), kv_tokens)
+            if c:
+                nbytes += cost.decode_bytes(len(it.decode), kv_tokens)
+        start, end = self.now, self.now + (decode_c + prefill_c) / cost.clock_hz
         self.iterations.append(
-            start, end, len(it.decode), len(it.prefill), sum(n for _, n in it.prefill), kv_tokens,
-            decode_c, prefill_c, self.kv.used_blocks, len(self.waiting), nbytes,
+            (start, end, len(it.decode), len(it.prefill), prefill_tokens, kv_tokens, decode_c, prefill_c,
+             self.kv.used_blocks, len(self.waiting), nbytes)
         )  # fmt: skip
         self.now = end
+        self.outstanding -= prefill_tokens
         for seq, n in it.prefill:
             seq.prefilled += n
-            self.outstanding -= n
             seq.ctx += n
-            if seq.prefill_done:
+            if seq.prefilled >= len(seq.tokens):
                 self._emit(seq, end)
         for seq in it.decode:
             seq.ctx += 1

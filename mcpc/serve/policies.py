@@ -292,10 +292,11 @@ class ContinuousBatching:
         pass
 
     def plan(self, sim: Simulator):
+        kv = sim.kv
         while True:  # room for each decode step's new K/V row, else preempt the latest admitted
-            decode = [s for s in sim.running if s.prefill_done]
-            growth = sum(sim.kv.extra_blocks(s.id, 1) for s in decode)
-            if growth <= sim.kv.spare:
+            decode = [s for s in sim.running if s.prefilled >= len(s.tokens)]
+            growth = sum(kv.extra_blocks(s.id, 1) for s in decode if not s.ctx % kv.block)
+            if growth <= kv.spare:
                 break
             sim.preempt(sim.running[-1])
         budget = self.budget - len(decode)
