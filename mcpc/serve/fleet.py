@@ -7,7 +7,8 @@ router sees each replica's state at that instant.  Routers:
 - ``round_robin``: request ``i`` goes to replica ``i mod N``;
 - ``least_tokens``: to the replica with the fewest outstanding tokens (prompt tokens still to
   prefill, recomputation after a preemption included, plus output tokens still to generate, over
-  its waiting and running requests); ties to the lowest index;
+  its waiting and running requests); ties dealt in turn (the first tied replica after the one the
+  previous request went to), so idle replicas share a light load;
 - ``prefix_affinity``: to the replica whose KV cache holds the longest cached prefix of the
   request's prompt (full blocks, by the KV manager's chained hashes: a shared-prefix group's system
   prompt lands where it is already cached), ties and no hit anywhere falling back to
@@ -64,13 +65,15 @@ class Fleet:
         ]
         self.assigned = [0] * replicas
         self.prefix_routed = 0  # requests prefix_affinity placed by a cache hit
+        self.last = -1  # the replica the previous request went to (ties are dealt in turn after it)
 
     @property
     def finished(self) -> list[Seq]:
         return [s for r in self.replicas for s in r.finished]
 
     def _least(self, candidates) -> int:
-        return min(candidates, key=lambda k: (self.replicas[k].outstanding, k))
+        n, last = len(self.replicas), self.last
+        return min(candidates, key=lambda k: (self.replicas[k].outstanding, (k - last - 1) % n))
 
     def route(self, req: Request, index: int) -> int:
         n = len(self.replicas)
@@ -109,6 +112,7 @@ class Fleet:
             self.replicas[k].advance(t)
             self.replicas[k].arrive(req)
             self.assigned[k] += 1
+            self.last = k
         for r in self.replicas:
             r.arrivals_done = True
             r.advance(float("inf"))

@@ -124,3 +124,30 @@ def test_cli_replicas_json_and_trace(tmp_path):
     assert names == {k: f"replica {k} (c.yaml)" for k in range(3)}
     slices = [e for e in events if e["ph"] == "X"]
     assert {e["pid"] for e in slices} == {0, 1, 2} and len(slices) == r["npu"]["iterations"]
+
+
+def _scale(requests: int, replicas: int):
+    """The roofline SmolLM2 costs, each replica at 20 requests/s of 32-512 token prompts, 64 out."""
+    from mcpc.serve import load_cost_file, load_policy
+
+    cost, shape = load_cost_file("examples/serve/smollm2_a100_roofline.yaml")
+    reqs = workload(seed=1, requests=requests, arrival={"process": "poisson", "rate_per_s": 20 * replicas},
+                    prompt_len={"dist": "uniform", "min": 32, "max": 512},
+                    output_len={"dist": "fixed", "value": 64})  # fmt: skip
+    f = Fleet(reqs, cost, shape, lambda: load_policy(None, shape), replicas, "least_tokens")
+    f.run()
+    r = summarize(f)
+    assert r["requests"] == requests == sum(x["requests"] for x in r["replicas"])
+    assert r["generated_tokens"] == 64 * requests
+    assert all(x["requests"] > requests / replicas / 2 for x in r["replicas"])  # least tokens spreads
+    assert 0 < r["bandwidth"]["time_weighted_utilisation"] <= 1
+    return r
+
+
+def test_fleet_at_scale_small():
+    _scale(2000, 8)
+
+
+@pytest.mark.slow
+def test_fleet_at_scale_100k_requests_8_replicas():
+    _scale(100_000, 8)
