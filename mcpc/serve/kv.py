@@ -104,7 +104,7 @@ class ServingKV:
         if need > owed + self.spare:
             return False
         self._flush(seq)
-        self.kv.append(seq, [int(t) for t in tokens])
+        self.kv.append(seq, tokens)  # an array or list of ints (the manager takes either)
         self._tokens[seq] = n + count
         self._promised -= min(need, owed)
         return True
