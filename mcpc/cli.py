@@ -399,6 +399,10 @@ if _has_module("mcpc.cli_ci"):
 
     for command in (ci_command, sweep_command, report_command):
         cli.add_command(command)
+if _has_module("mcpc.serve"):
+    from mcpc.serve.cli import tune_batching_command  # light: click only
+
+    cli.add_command(tune_batching_command)
 if _has_module("mcpc.sim.cli"):
     from mcpc.sim.cli import sim_group  # light: click only; the simulator loads inside `run`
 

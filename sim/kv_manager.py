@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import struct
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -52,7 +53,7 @@ class OutOfBlocks(McpcError):
 def block_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
     """SHA-256 of the parent block's hash and the block's token ids (each as 8 little-endian bytes)."""
     h = hashlib.sha256(parent)
-    h.update(b"".join(int(t).to_bytes(8, "little", signed=True) for t in tokens))
+    h.update(struct.pack(f"<{len(tokens)}q", *tokens))
     return h.digest()
 
 
@@ -132,6 +133,10 @@ class KVManager:
         s = self._get(seq)
         return s.blocks[position // self.block] * self.block + position % self.block
 
+    def is_cached(self, block_hash: bytes) -> bool:
+        """Whether a full block of chained hash ``block_hash`` is in the prefix cache."""
+        return block_hash in self._cache
+
     def refcount(self, block_id: int) -> int:
         b = self._blocks.get(block_id)
         return b.refs if b else 0
@@ -199,7 +204,7 @@ class KVManager:
         """Append ``tokens`` to ``seq``; returns the cache slot of each (allocating blocks, evicting
         cached ones if the free list is empty).  OutOfBlocks (nothing changed) when they do not fit."""
         s = self._get(seq)
-        tokens = [int(t) for t in tokens]
+        tokens = tokens.tolist() if hasattr(tokens, "tolist") else [int(t) for t in tokens]
         if self.max_tokens is not None and len(s.tokens) + len(tokens) > self.max_tokens:
             raise InputError(
                 f"KV manager: sequence {seq!r} would hold {len(s.tokens) + len(tokens)} tokens, more than "
@@ -212,16 +217,20 @@ class KVManager:
                 f"{self.free_blocks} of {self.num_blocks} are free or evictable (raise --kv-blocks, or "
                 "run fewer sequences at once)"
             )
-        slots = []
-        for t in tokens:
-            pos = len(s.tokens)
-            if pos % self.block == 0:
+        slots: list[int] = []
+        blk, pos, i, n = self.block, len(s.tokens), 0, len(tokens)
+        while i < n:  # a block at a time: the rest of the last block, then fresh blocks
+            off = pos % blk
+            if off == 0:
                 bid = self._take()
                 self._acquire(bid)
                 s.blocks.append(bid)
-            s.tokens.append(t)
-            slots.append(s.blocks[-1] * self.block + pos % self.block)
-            if (pos + 1) % self.block == 0:
+            take = min(blk - off, n - i)
+            first = s.blocks[-1] * blk + off
+            slots.extend(range(first, first + take))
+            s.tokens.extend(tokens[i : i + take])
+            pos, i = pos + take, i + take
+            if pos % blk == 0:
                 self._full(s)
         return slots
 

@@ -43,7 +43,7 @@ def _progress(label: str):
 
 def _costs(source: Path, cost_grid: Path | None, exact: bool, points: int):
     """(step cost, served shape, cost description for the JSON) for a program or a cost file."""
-    from mcpc.serve.cost import AnalyticCost, CostGrid, ExactCost, file_digest, load_cost_file
+    from mcpc.serve.cost import GRID_VERSION, AnalyticCost, CostGrid, ExactCost, file_digest, load_cost_file
 
     if source.suffix.lower() in _COST_SUFFIXES:
         cost, shape = load_cost_file(source)
@@ -54,6 +54,7 @@ def _costs(source: Path, cost_grid: Path | None, exact: bool, points: int):
             error = getattr(cost, "error", None)
             return cost, shape, {"mode": mode, "file": source.name, "interpolation_error": error}
         measure, clock, digest = cost.measure, cost.clock_hz, file_digest(source)
+        bandwidth = cost.dram_bytes_per_s
     else:
         from mcpc.serve.program import default_grid_path, measurer, served_shape
         from mcpc.sim.api import load_program
@@ -61,13 +62,14 @@ def _costs(source: Path, cost_grid: Path | None, exact: bool, points: int):
         loaded = load_program(source)
         shape = served_shape(loaded, str(source))
         clock = loaded.target.clock_mhz * 1e6
+        bandwidth = loaded.target.dram.bandwidth_gbps * 1e9
         digest = file_digest(source)
         if exact:
-            cost = ExactCost(measurer(loaded, str(source)), clock)
+            cost = ExactCost(measurer(loaded, str(source)), clock, bandwidth)
             return cost, shape, {"mode": "exact", "file": source.name}
         cost_grid = cost_grid or default_grid_path(source)
         measure = None  # only when the cache misses: measuring needs the host driver
-    if cost_grid.exists():
+    if cost_grid.exists() and _grid_version(cost_grid) not in range(1, GRID_VERSION):  # older: measured again
         grid, _ = load_cost_file(cost_grid)
         if isinstance(grid, CostGrid) and grid.source.get("sha256") == digest:
             return grid, shape, _grid_info(grid, cost_grid, cached=True)
@@ -81,9 +83,17 @@ def _costs(source: Path, cost_grid: Path | None, exact: bool, points: int):
             points=points,
             source={"file": source.name, "sha256": digest},
             progress=tick,
+            dram_bytes_per_s=bandwidth,
         )
     grid.save(cost_grid)
     return grid, shape, _grid_info(grid, cost_grid, cached=False)
+
+
+def _grid_version(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("version")
+    except (OSError, ValueError, AttributeError):
+        return None  # not a grid we wrote: load_cost_file names what is wrong with it
 
 
 def _grid_info(grid, path: Path, cached: bool) -> dict:
@@ -117,6 +127,13 @@ def _render(result: dict, console) -> None:
         f"{kv['peak_bytes']} bytes), mean {kv['mean_utilisation']:.1%}, prefix hit rate "
         f"{kv['prefix_hit_rate']:.1%}, {kv['preemptions']} preemptions, {kv['evictions']} evictions",
     ]
+    bw = result.get("bandwidth") or {}
+    if bw.get("mean_utilisation") is not None:
+        lines.append(
+            f"DRAM bandwidth utilisation: mean {bw['mean_utilisation']:.1%} per step, time-weighted "
+            f"{bw['time_weighted_utilisation']:.1%}, peak {bw['peak_utilisation']:.1%} of "
+            f"{bw['dram_bytes_per_s'] / 1e9:.0f} GB/s"
+        )
     if "goodput" in result:
         g = result["goodput"]
         lines.append(f"goodput {g['requests_per_s']:.2f} requests/s ({g['fraction']:.1%} meet {g['slo']})")
@@ -129,6 +146,27 @@ def _render(result: dict, console) -> None:
         )
     for line in lines:
         console.print(line)
+    if "replicas" in result:
+        _render_replicas(result, console)
+
+
+def _render_replicas(result: dict, console) -> None:
+    from rich.table import Table
+
+    fleet = result["fleet"]
+    table = Table(title=f"{fleet['replicas']} replicas, router {fleet['router']}")
+    for col in ("replica", "requests", "tokens/s", "TTFT p99 (ms)", "E2E p99 (ms)", "busy", "KV peak"):
+        table.add_column(col, justify="right")
+    for r in result["replicas"]:
+        if not r["requests"]:
+            table.add_row(str(r["replica"]), "0", *["-"] * 5)
+            continue
+        table.add_row(
+            str(r["replica"]), str(r["requests"]), f"{r['throughput_tokens_per_s']:.1f}",
+            f"{r['ttft_ms']['p99']:.2f}", f"{r['e2e_ms']['p99']:.2f}", f"{r['npu']['busy_fraction']:.1%}",
+            f"{r['kv']['peak_utilisation']:.1%}",
+        )  # fmt: skip
+    console.print(table)
 
 
 @click.command("serve", cls=GuardedCommand)
@@ -158,7 +196,17 @@ def _render(result: dict, console) -> None:
     "--grid-points", type=click.IntRange(min=2), default=9, show_default=True,
     help="Grid points per length axis when the grid is measured.",
 )  # fmt: skip
-def serve_command(source, workload_path, policy_path, json_path, trace_path, cost_grid, exact, grid_points):
+@click.option(
+    "--replicas", type=click.IntRange(min=1), default=1, show_default=True,
+    help="NPUs behind a router, each with its own program, KV pool and policy.",
+)  # fmt: skip
+@click.option(
+    "--router", type=click.Choice(["round_robin", "least_tokens", "prefix_affinity"]),
+    default="least_tokens", show_default=True, help="How requests are spread over --replicas.",
+)  # fmt: skip
+def serve_command(
+    source, workload_path, policy_path, json_path, trace_path, cost_grid, exact, grid_points, replicas, router
+):
     """Simulate serving a workload on SOURCE: a decoder program (.mcpb, mcp-compile --max-seq) or a
     cost file (kind: analytic or cost_grid)."""
     from mcpc.fileio import write_atomic
@@ -166,8 +214,13 @@ def serve_command(source, workload_path, policy_path, json_path, trace_path, cos
 
     spec, requests = load_workload(workload_path)
     cost, shape, info = _costs(source, cost_grid, exact, grid_points)
-    policy = load_policy(policy_path, shape)
-    sim = Simulator(requests, cost, shape, policy)
+    if replicas > 1:
+        from mcpc.serve.fleet import Fleet
+
+        load_policy(policy_path, shape)  # a bad policy file fails before any replica is built
+        sim = Fleet(requests, cost, shape, lambda: load_policy(policy_path, shape), replicas, router)
+    else:
+        sim = Simulator(requests, cost, shape, load_policy(policy_path, shape))
     with _progress("serving") as tick:
         sim.run(progress=tick)
     result = summarize(sim, spec.slo)
@@ -181,3 +234,108 @@ def serve_command(source, workload_path, policy_path, json_path, trace_path, cos
     if trace_path:
         write_atomic(trace_path, json.dumps(chrome_trace(sim, source.name), separators=(",", ":")))
     _render(result, _stdout_console())
+
+
+@click.command("tune-batching", cls=GuardedCommand)
+@click.argument("source", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.option(
+    "--workload", "workload_path", required=True, type=click.Path(path_type=Path, dir_okay=False),
+    help="Workload YAML the settings are measured on.",
+)  # fmt: skip
+@click.option("--slo-p99-ms", "slo", required=True, type=click.FloatRange(min=0, min_open=True),
+              help="The P99 (ms) of --metric every bucket and the whole workload must meet.")  # fmt: skip
+@click.option(
+    "--metric", type=click.Choice(["e2e", "ttft", "tpot"]), default="e2e", show_default=True,
+    help="Which latency's P99 the SLO bounds: end to end, time to first token, or time per output token.",
+)  # fmt: skip
+@click.option(
+    "--search", type=click.Choice(["table", "continuous"]), default="table", show_default=True,
+    help="table: the sequence-length table's batch per bucket; continuous: max_seqs and token_budget.",
+)  # fmt: skip
+@click.option(
+    "--policy", "policy_path", type=click.Path(path_type=Path, dir_okay=False),
+    help="A seqlen_table policy whose bucket bounds and max_queue_delay_ms to keep (default: the seed's).",
+)  # fmt: skip
+@click.option("-o", "--output", "out_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write the best setting as a policy YAML for sim serve --policy.")  # fmt: skip
+@click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write every trial and the best as JSON.")  # fmt: skip
+@click.option("--cost-grid", "cost_grid", type=click.Path(path_type=Path, dir_okay=False),
+              help="Cost grid file (as sim serve).")  # fmt: skip
+@click.option("--grid-points", type=click.IntRange(min=2), default=9, show_default=True)
+def tune_batching_command(
+    source, workload_path, slo, metric, search, policy_path, out_path, json_path, cost_grid, grid_points
+):
+    """Search batching parameters of SOURCE (a decoder program or cost file, as sim serve) so that
+    the P99 of --metric meets --slo-p99-ms at the highest throughput; exit 1 when nothing does."""
+    from mcpc.errors import CheckFailed
+    from mcpc.fileio import write_atomic
+    from mcpc.serve import load_workload
+    from mcpc.serve.policies import SeqLenTableSpec
+    from mcpc.serve.tune import Tuner, policy_yaml
+
+    spec, requests = load_workload(workload_path)
+    cost, shape, info = _costs(source, cost_grid, False, grid_points)
+    bounds, delay = None, 100.0
+    if policy_path is not None:
+        from mcpc.serve.policies import load_policy
+
+        base = load_policy(policy_path, shape).spec
+        if not isinstance(base, SeqLenTableSpec):
+            raise UsageError(
+                f"{policy_path}: --policy gives the buckets to tune: expected policy: seqlen_table"
+            )
+        bounds, delay = [b.max_prompt for b in base.buckets], base.max_queue_delay_ms
+    with _progress("tuning") as tick:
+        tuner = Tuner(requests, cost, shape, slo, metric, bounds, delay, progress=tick)
+        best = tuner.search_table() if search == "table" else tuner.search_continuous()
+
+    def trial_json(t):
+        return {"policy": t.spec.model_dump(exclude_none=True), "throughput_tokens_per_s": t.throughput,
+                "p99_ms": t.p99, "bucket_p99_ms": t.bucket_p99, "bucket_requests": t.bucket_requests,
+                "feasible": t.feasible}  # fmt: skip
+
+    result = {"metric": metric, "slo_p99_ms": slo, "search": search, "bounds": tuner.bounds,
+              "best": trial_json(best), "trials": [trial_json(t) for t in tuner.trials.values()],
+              "cost": info, "workload": {"file": workload_path.name, "seed": spec.seed}}  # fmt: skip
+    if json_path:
+        write_atomic(json_path, json.dumps(result, indent=1) + "\n")
+    _render_tune(result, tuner, _stdout_console())
+    if not best.feasible:
+        raise CheckFailed(
+            f"no setting of {len(tuner.trials)} tried meets P99 {metric} <= {slo:g} ms on {workload_path}: "
+            f"the best reaches {best.worst:.4g} ms ({best.spec.model_dump(exclude_none=True)}); relax the "
+            "SLO, lower the load, or serve on more replicas"
+        )
+    if out_path:
+        header = [
+            f"tune-batching {source.name} --workload {workload_path.name} --slo-p99-ms {slo:g} "
+            f"--metric {metric} --search {search}",
+            f"P99 {metric} {best.p99:.4g} ms over all requests, {best.throughput:.1f} tokens/s "
+            f"({len(tuner.trials)} settings simulated)",
+        ]
+        write_atomic(out_path, policy_yaml(best, tuner, header))
+
+
+def _render_tune(result: dict, tuner, console) -> None:
+    from rich.table import Table
+
+    best = result["best"]
+    table = Table(title=f"tune-batching: P99 {result['metric']} <= {result['slo_p99_ms']:g} ms, "
+                        f"best of {len(result['trials'])} settings")  # fmt: skip
+    for col in ("bucket (prompt tokens)", "batch", "requests", "P99 (ms)"):
+        table.add_column(col, justify="right")
+    lo = 0
+    buckets = best["policy"].get("buckets")
+    for i, bound in enumerate(result["bounds"]):
+        rng = f"{lo + 1}-{bound}" if bound is not None else f"> {lo}"
+        batch = str(buckets[i]["batch"]) if buckets else "-"
+        p = best["bucket_p99_ms"][i]
+        table.add_row(rng, batch, str(best["bucket_requests"][i]), "-" if p is None else f"{p:.2f}")
+        lo = bound or lo
+    console.print(table)
+    pol = {k: v for k, v in best["policy"].items() if k != "buckets"}
+    console.print(
+        f"best {pol}: {best['throughput_tokens_per_s']:.1f} tokens/s, P99 {result['metric']} "
+        f"{best['p99_ms']:.2f} ms over all requests, {'meets' if best['feasible'] else 'MISSES'} the SLO"
+    )

@@ -39,6 +39,17 @@ from .config import Section, load_yaml, validate
 Measurer = Callable[[str, int, int], float]
 
 
+class Measured(float):
+    """A measurer's answer: the cycles of the step (the float), with the DRAM bytes it read."""
+
+    dram_bytes: float | None
+
+    def __new__(cls, cycles: float, dram_bytes: float | None = None):
+        out = super().__new__(cls, cycles)
+        out.dram_bytes = None if dram_bytes is None else float(dram_bytes)
+        return out
+
+
 @dataclass(frozen=True)
 class ServedShape:
     """What the build serves: batch, longest sequence, prefill chunk, KV pool and its bytes."""
@@ -52,7 +63,9 @@ class ServedShape:
 
 
 class StepCost(Protocol):
-    """Cycles of one decode call and one prefill call; ``clock_hz`` turns cycles into seconds."""
+    """Cycles of one decode call and one prefill call; ``clock_hz`` turns cycles into seconds.
+    A cost that knows the DRAM bytes of a step also has ``dram_bytes_per_s`` (not None) and
+    ``decode_bytes`` / ``prefill_bytes`` of the same arguments."""
 
     clock_hz: float
 
@@ -96,13 +109,20 @@ class _ShapeSpec(Section):
         )
 
 
+class _DramSpec(Section):
+    gbps: float = Field(gt=0, description="DRAM bandwidth, GB/s (1e9 bytes)")
+    weight_bytes: int = Field(ge=0, description="bytes of weights every call reads")
+
+
 class AnalyticSpec(_ShapeSpec):
-    """A cost file ``kind: analytic``: cycles = the linear terms below, at ``clock_mhz``."""
+    """A cost file ``kind: analytic``: cycles = the linear terms below, at ``clock_mhz``; with
+    ``dram``, a call reads the weights plus the KV bytes of the positions it attends."""
 
     kind: Literal["analytic"]
     clock_mhz: float = Field(gt=0)
     decode: _DecodeTerms
     prefill: _PrefillTerms
+    dram: _DramSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +133,18 @@ class AnalyticCost:
     clock_hz: float
     decode: _DecodeTerms
     prefill: _PrefillTerms
+    dram: _DramSpec | None = None
+    kv_bytes_per_token: int = 0
+
+    @property
+    def dram_bytes_per_s(self) -> float | None:
+        return None if self.dram is None else self.dram.gbps * 1e9
+
+    def decode_bytes(self, active_seqs: int, total_kv_tokens: int) -> float:
+        return self.dram.weight_bytes + total_kv_tokens * self.kv_bytes_per_token
+
+    def prefill_bytes(self, chunk_len: int, past: int) -> float:
+        return self.dram.weight_bytes + (past + chunk_len) * self.kv_bytes_per_token
 
     def decode_cost(self, active_seqs: int, total_kv_tokens: int) -> float:
         d = self.decode
@@ -125,7 +157,11 @@ class AnalyticCost:
 
     def measure(self, kind: str, x: int, y: int) -> float:
         """A measurer over this formula (decode: ``y`` is each sequence's context)."""
-        return self.decode_cost(x, x * y) if kind == "decode" else self.prefill_cost(x, y)
+        if kind == "decode":
+            cycles, nbytes = self.decode_cost(x, x * y), self.dram and self.decode_bytes(x, x * y)
+        else:
+            cycles, nbytes = self.prefill_cost(x, y), self.dram and self.prefill_bytes(x, y)
+        return Measured(cycles, nbytes)
 
 
 # -- measured grid -----------------------------------------------------------------------------
@@ -170,12 +206,30 @@ class CostGrid:
     prefill_cycles: list[list[float]]
     error: dict
     source: dict
+    decode_bytes_table: list[list[float]] | None = None  # DRAM bytes read at each point
+    prefill_bytes_table: list[list[float]] | None = None
+    dram_bytes_per_s: float | None = None
 
     def __post_init__(self):
         self._d = (np.asarray(self.decode_active, float), np.asarray(self.decode_context, float),
                    np.asarray(self.decode_cycles, float))  # fmt: skip
         self._p = (np.asarray(self.prefill_chunk, float), np.asarray(self.prefill_past, float),
                    np.asarray(self.prefill_cycles, float))  # fmt: skip
+        if (
+            self.dram_bytes_per_s is None
+            or self.decode_bytes_table is None
+            or self.prefill_bytes_table is None
+        ):
+            self.dram_bytes_per_s = None
+        else:
+            self._db = (*self._d[:2], np.asarray(self.decode_bytes_table, float))
+            self._pb = (*self._p[:2], np.asarray(self.prefill_bytes_table, float))
+
+    def decode_bytes(self, active_seqs: int, total_kv_tokens: int) -> float:
+        return _interp2(*self._db, active_seqs, total_kv_tokens / max(active_seqs, 1))
+
+    def prefill_bytes(self, chunk_len: int, past: int) -> float:
+        return _interp2(*self._pb, chunk_len, past)
 
     def decode_cost(self, active_seqs: int, total_kv_tokens: int) -> float:
         return _interp2(*self._d, active_seqs, total_kv_tokens / max(active_seqs, 1))
@@ -192,9 +246,12 @@ class CostGrid:
         points: int = 9,
         source: dict | None = None,
         progress: Callable[[int, int], None] | None = None,
+        dram_bytes_per_s: float | None = None,
     ) -> CostGrid:
         """Measure the grid (``points`` per length axis; powers of two for the batch axis) and its
-        error at every cell centre; ``progress(done, total)`` after each measurement."""
+        error at every cell centre; ``progress(done, total)`` after each measurement.  The DRAM
+        bytes of each point are kept when every answer carries them (``Measured``) and
+        ``dram_bytes_per_s`` is given."""
         s = shape
         d_a = _axis(1, s.max_batch, points, powers=True)
         d_c = _axis(1, s.max_seq, points)
@@ -204,10 +261,12 @@ class CostGrid:
         jobs = [("decode", a, c) for a in d_a for c in d_c] + [("prefill", c, p) for c in p_c for p in p_p]
         checks = [("decode", a, c) for a in mids(d_a) or d_a for c in mids(d_c)]
         checks += [("prefill", c, p) for c in mids(p_c) or p_c for p in mids(p_p)]
-        total, done, seen = len(jobs) + len(checks), 0, {}
+        total, done, seen, nbytes = len(jobs) + len(checks), 0, {}, {}
         for job in jobs + checks:
             if job not in seen:
-                seen[job] = float(measurer(*job))
+                v = measurer(*job)
+                seen[job] = float(v)
+                nbytes[job] = getattr(v, "dram_bytes", None)
             done += 1
             if progress:
                 progress(done, total)
@@ -215,6 +274,11 @@ class CostGrid:
             clock_hz, shape, d_a, d_c, [[seen[("decode", a, c)] for c in d_c] for a in d_a],
             p_c, p_p, [[seen[("prefill", c, p)] for p in p_p] for c in p_c], {}, source or {},
         )  # fmt: skip
+        if dram_bytes_per_s and all(nbytes[j] is not None for j in jobs):
+            grid.decode_bytes_table = [[nbytes[("decode", a, c)] for c in d_c] for a in d_a]
+            grid.prefill_bytes_table = [[nbytes[("prefill", c, p)] for p in p_p] for c in p_c]
+            grid.dram_bytes_per_s = float(dram_bytes_per_s)
+            grid.__post_init__()
         errors = {"decode": [], "prefill": []}
         for kind, x, y in checks:
             est = grid.decode_cost(x, x * y) if kind == "decode" else grid.prefill_cost(x, y)
@@ -230,18 +294,21 @@ class CostGrid:
     def to_json(self) -> dict:
         return {
             "kind": "cost_grid",
-            "version": 1,
+            "version": GRID_VERSION,
             "clock_hz": self.clock_hz,
+            "dram_bytes_per_s": self.dram_bytes_per_s,
             "shape": asdict(self.shape),
             "decode": {
                 "active": self.decode_active,
                 "context": self.decode_context,
                 "cycles": self.decode_cycles,
+                "bytes": self.decode_bytes_table,
             },
             "prefill": {
                 "chunk": self.prefill_chunk,
                 "past": self.prefill_past,
                 "cycles": self.prefill_cycles,
+                "bytes": self.prefill_bytes_table,
             },
             "error": self.error,
             "source": self.source,
@@ -253,16 +320,21 @@ class CostGrid:
 
 class _GridAxes(Section):
     cycles: list[list[float]]
+    bytes: list[list[float]] | None = None
     active: list[int] | None = None
     context: list[int] | None = None
     chunk: list[int] | None = None
     past: list[int] | None = None
 
 
+GRID_VERSION = 2  # 2: DRAM bytes beside the cycles; a version-1 grid is measured again
+
+
 class GridSpec(Section):
     kind: Literal["cost_grid"]
-    version: Literal[1]
+    version: Literal[2]
     clock_hz: float = Field(gt=0)
+    dram_bytes_per_s: float | None = Field(default=None, gt=0)
     shape: _ShapeSpec
     decode: _GridAxes
     prefill: _GridAxes
@@ -279,11 +351,12 @@ def _grid_from(spec: GridSpec, source: str) -> CostGrid:
             raise ConfigError(f"{source}: {name}: needs {keys}")
         if not xs or not ys or sorted(set(xs)) != xs or sorted(set(ys)) != ys:
             raise ConfigError(f"{source}: {name}: grid axes must be non-empty and strictly increasing")
-        if len(table) != len(xs) or any(len(row) != len(ys) for row in table):
-            raise ConfigError(f"{source}: {name}.cycles: expected {len(xs)} rows of {len(ys)} values")
+        for key, tab in (("cycles", table), ("bytes", (d if name == "decode" else p).bytes)):
+            if tab is not None and (len(tab) != len(xs) or any(len(row) != len(ys) for row in tab)):
+                raise ConfigError(f"{source}: {name}.{key}: expected {len(xs)} rows of {len(ys)} values")
     return CostGrid(
         spec.clock_hz, spec.shape.shape(), d.active, d.context, d.cycles, p.chunk, p.past, p.cycles,
-        dict(spec.error), dict(spec.source),
+        dict(spec.error), dict(spec.source), d.bytes, p.bytes, spec.dram_bytes_per_s,
     )  # fmt: skip
 
 
@@ -293,8 +366,16 @@ def load_cost_file(path: Path) -> tuple[StepCost, ServedShape]:
     kind = data.get("kind")
     if kind == "analytic":
         spec = validate(AnalyticSpec, data, str(path))
-        return AnalyticCost(spec.clock_mhz * 1e6, spec.decode, spec.prefill), spec.shape()
+        cost = AnalyticCost(
+            spec.clock_mhz * 1e6, spec.decode, spec.prefill, spec.dram, spec.kv_bytes_per_token
+        )
+        return cost, spec.shape()
     if kind == "cost_grid":
+        if data.get("version") == 1:
+            raise ConfigError(
+                f"{path}: version 1 cost grid: it holds no DRAM bytes; measure it again (sim serve on the "
+                "program writes a version-2 grid)"
+            )
         grid = _grid_from(validate(GridSpec, data, str(path)), str(path))
         return grid, grid.shape
     raise ConfigError(f"{path}: kind: expected analytic or cost_grid, got {kind!r}")
@@ -303,14 +384,24 @@ def load_cost_file(path: Path) -> tuple[StepCost, ServedShape]:
 class ExactCost:
     """Every step measured by ``measurer`` (memoised: a step's cost depends on its shape only)."""
 
-    def __init__(self, measurer: Measurer, clock_hz: float):
-        self.clock_hz = clock_hz
+    def __init__(self, measurer: Measurer, clock_hz: float, dram_bytes_per_s: float | None = None):
+        self.clock_hz, self.dram_bytes_per_s = clock_hz, dram_bytes_per_s
         self._measure, self._memo = measurer, {}
 
     def _get(self, key):
         if key not in self._memo:
-            self._memo[key] = float(self._measure(*key))
-        return self._memo[key]
+            self._memo[key] = self._measure(*key)
+        return float(self._memo[key])
+
+    def _bytes(self, key) -> float:
+        self._get(key)
+        return self._memo[key].dram_bytes
+
+    def decode_bytes(self, active_seqs: int, total_kv_tokens: int) -> float:
+        return self._bytes(("decode", active_seqs, round(total_kv_tokens / max(active_seqs, 1))))
+
+    def prefill_bytes(self, chunk_len: int, past: int) -> float:
+        return self._bytes(("prefill", chunk_len, past))
 
     def decode_cost(self, active_seqs: int, total_kv_tokens: int) -> float:
         # the measurer places every sequence at one context; the mean keeps the total

@@ -87,6 +87,8 @@ class ServingKV:
     def extra_blocks(self, seq: int, count: int) -> int:
         """Blocks beyond ``seq``'s reservation that appending ``count`` tokens would take."""
         n = self._tokens[seq]
+        if n % self.block and n % self.block + count <= self.block:
+            return 0  # fits its last block (a decode step, mostly)
         return max(0, -(-(n + count) // self.block) - -(-n // self.block) - self._owed(seq))
 
     def append(self, seq: int, tokens) -> bool:
@@ -94,7 +96,7 @@ class ServingKV:
         neither reserved for ``seq`` nor spare."""
         n, count = self._tokens[seq], len(tokens)
         if n % self.block and n % self.block + count <= self.block:  # within its last block
-            self._pending[seq].extend(int(t) for t in tokens)
+            self._pending[seq].extend(tokens.tolist() if isinstance(tokens, np.ndarray) else tokens)
             self._tokens[seq] = n + count
             return True
         need = -(-(n + count) // self.block) - -(-n // self.block)
@@ -102,7 +104,7 @@ class ServingKV:
         if need > owed + self.spare:
             return False
         self._flush(seq)
-        self.kv.append(seq, [int(t) for t in tokens])
+        self.kv.append(seq, tokens)  # an array or list of ints (the manager takes either)
         self._tokens[seq] = n + count
         self._promised -= min(need, owed)
         return True

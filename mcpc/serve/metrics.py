@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .engine import Seq, Simulator
+from .engine import Seq
 
 
 def stats(values) -> dict:
@@ -54,23 +54,64 @@ def meets(s: Seq, slo) -> bool:
     )
 
 
-def summarize(sim: Simulator, slo=None) -> dict:
-    """The result JSON of a run (the keys documented in docs/serving.md)."""
+def _col(sims, name: str) -> np.ndarray:
+    cols = [sim.iterations.column(name) for sim in sims]
+    return np.concatenate(cols) if cols else np.zeros(0)
+
+
+def _peak_concurrent(sims) -> int:
+    """The most KV blocks in use at once over all ``sims`` (each holds an iteration's blocks from
+    its start to its end, nothing while idle): a sweep over the iterations' starts and ends."""
+    t = np.concatenate([_col(sims, "start"), _col(sims, "end")])
+    if not t.size:
+        return 0
+    v = _col(sims, "kv_blocks_used")
+    d = np.concatenate([v, -v])
+    order = np.lexsort((d, t))  # at one instant an iteration ends before the next one starts
+    return int(np.cumsum(d[order]).max())
+
+
+def _bandwidth(sims, dur: np.ndarray) -> dict:
+    """DRAM bandwidth utilisation of the steps: each step's bytes read / (its time x bandwidth),
+    the mean over steps and the time-weighted mean (all bytes / busy time x bandwidth); None
+    when the step costs know no bytes."""
+    bw = sims[0].bandwidth
+    if not bw or not dur.size:
+        return {"dram_bytes_per_s": bw or None, "dram_bytes": None, "mean_utilisation": None,
+                "time_weighted_utilisation": None, "peak_utilisation": None}  # fmt: skip
+    nbytes = _col(sims, "dram_bytes")
+    util = nbytes / np.maximum(dur, 1e-30) / bw
+    return {
+        "dram_bytes_per_s": bw,
+        "dram_bytes": float(nbytes.sum()),
+        "mean_utilisation": float(util.mean()),
+        "time_weighted_utilisation": float(nbytes.sum() / max(dur.sum(), 1e-30) / bw),
+        "peak_utilisation": float(util.max()),
+    }
+
+
+def summarize(sim, slo=None) -> dict:
+    """The result JSON of a run (the keys documented in docs/serving.md): of one ``Simulator``, or
+    of a ``Fleet`` (fleet-wide figures at top level, each replica's summary under ``replicas``)."""
+    sims = getattr(sim, "replicas", None) or [sim]
     done = sim.finished
     first_arrival = min(s.req.arrival_s for s in done)
     last_finish = max(s.finish_s for s in done)
     span = max(last_finish - first_arrival, 1e-12)
     tokens = sum(s.generated for s in done)
     useful = sum(s.req.output_len for s in done)
-    its = sim.iterations
-    busy = sum(i["end"] - i["start"] for i in its)
-    kv_time = sum((i["end"] - i["start"]) * i["kv_blocks_used"] for i in its)
-    kv = sim.kv
-    peak_blocks = max((i["kv_blocks_used"] for i in its), default=0)
-    decode_its = [i for i in its if i["decode"]]
+    dur = _col(sims, "end") - _col(sims, "start")
+    busy = float(dur.sum())
+    kv_time = float((dur * _col(sims, "kv_blocks_used")).sum())
+    blocks = sum(r.kv.num_blocks for r in sims)
+    peak_blocks = _peak_concurrent(sims)
+    batch = _col(sims, "decode")
+    batch = batch[batch > 0]
+    prefill_tokens = int(_col(sims, "prefill_tokens").sum())
+    hit_tokens = sum(r.kv.hit_tokens for r in sims)
     out = {
         "requests": len(done),
-        "policy": sim.policy.name,
+        "policy": sims[0].policy.name,
         "duration_s": span,
         "throughput_tokens_per_s": useful / span,
         "throughput_requests_per_s": len(done) / span,
@@ -82,27 +123,25 @@ def summarize(sim: Simulator, slo=None) -> dict:
         "prompt_tokens": int(sum(s.req.prompt_len for s in done)),
         "generated_tokens": int(useful),
         "npu": {
-            "iterations": len(its),
-            "busy_fraction": busy / span,
-            "decode_cycles": float(sum(i["decode_cycles"] for i in its)),
-            "prefill_cycles": float(sum(i["prefill_cycles"] for i in its)),
-            "mean_decode_batch": float(np.mean([i["decode"] for i in decode_its])) if decode_its else 0.0,
-            "prefill_tokens": int(sum(i["prefill_tokens"] for i in its)),
+            "iterations": int(dur.size),
+            "busy_fraction": busy / span / len(sims),
+            "decode_cycles": float(_col(sims, "decode_cycles").sum()),
+            "prefill_cycles": float(_col(sims, "prefill_cycles").sum()),
+            "mean_decode_batch": float(batch.mean()) if batch.size else 0.0,
+            "prefill_tokens": prefill_tokens,
             # prefill tokens beyond the prompts' (tokens recomputed after preemptions)
-            "recomputed_tokens": int(
-                sum(i["prefill_tokens"] for i in its) - sum(s.req.prompt_len for s in done) + kv.hit_tokens
-            ),
+            "recomputed_tokens": int(prefill_tokens - sum(s.req.prompt_len for s in done) + hit_tokens),
         },
         "kv": {
-            "blocks": kv.num_blocks,
-            "block_tokens": kv.block,
+            "blocks": blocks,
+            "block_tokens": sims[0].kv.block,
             "peak_blocks": int(peak_blocks),
-            "peak_utilisation": peak_blocks / kv.num_blocks,
-            "mean_utilisation": kv_time / span / kv.num_blocks,
-            "peak_bytes": int(kv.kv.peak_kv_bytes),
-            "prefix_hit_rate": kv.hit_tokens / max(kv.lookup_tokens, 1),
-            "evictions": kv.kv.evictions,
-            "preemptions": sim.preemptions,
+            "peak_utilisation": peak_blocks / blocks,
+            "mean_utilisation": kv_time / span / blocks,
+            "peak_bytes": int(sum(r.kv.kv.peak_kv_bytes for r in sims)),
+            "prefix_hit_rate": hit_tokens / max(sum(r.kv.lookup_tokens for r in sims), 1),
+            "evictions": sum(r.kv.kv.evictions for r in sims),
+            "preemptions": sum(r.preemptions for r in sims),
         },
     }
     if tokens != useful:
@@ -115,34 +154,51 @@ def summarize(sim: Simulator, slo=None) -> dict:
             "fraction": good / len(done),
             "requests_per_s": good / span,
         }
+    out["bandwidth"] = _bandwidth(sims, dur)
+    if len(sims) > 1 or hasattr(sim, "replicas"):
+        out["fleet"] = {"replicas": len(sims), "router": sim.router, "prefix_routed": sim.prefix_routed}
+        out["replicas"] = [
+            {"replica": k, **(summarize(r, slo) if r.finished else {"requests": 0})}
+            for k, r in enumerate(sims)
+        ]
     return out
 
 
-def chrome_trace(sim: Simulator, name: str = "serve") -> dict:
+def chrome_trace(sim, name: str = "serve") -> dict:
     """The iterations as Chrome/Perfetto trace events (µs): one slice per iteration, counters of the
-    decode batch, waiting requests and KV blocks in use."""
-    events = [
-        {"ph": "M", "pid": 0, "name": "process_name", "args": {"name": f"NPU ({name})"}},
-        {"ph": "M", "pid": 0, "tid": 0, "name": "thread_name", "args": {"name": "iterations"}},
-    ]
-    for i in sim.iterations:
-        ts, dur = i["start"] * 1e6, (i["end"] - i["start"]) * 1e6
-        label = " + ".join(
-            part
-            for part in (
-                f"decode x{i['decode']}" if i["decode"] else "",
-                f"prefill {i['prefill_tokens']} tok" if i["prefill"] else "",
+    decode batch, waiting requests and KV blocks in use; a ``Fleet``'s replicas one process each."""
+    sims = getattr(sim, "replicas", None) or [sim]
+    events = []
+    for pid, rep in enumerate(sims):
+        title = (
+            f"NPU ({name})" if len(sims) == 1 and not hasattr(sim, "replicas") else f"replica {pid} ({name})"
+        )
+        events += [
+            {"ph": "M", "pid": pid, "name": "process_name", "args": {"name": title}},
+            {"ph": "M", "pid": pid, "tid": 0, "name": "thread_name", "args": {"name": "iterations"}},
+        ]
+        for i in rep.iterations:
+            ts, dur = i["start"] * 1e6, (i["end"] - i["start"]) * 1e6
+            label = " + ".join(
+                part
+                for part in (
+                    f"decode x{i['decode']}" if i["decode"] else "",
+                    f"prefill {i['prefill_tokens']} tok" if i["prefill"] else "",
+                )
+                if part
             )
-            if part
-        )
-        events.append({"ph": "X", "pid": 0, "tid": 0, "name": label, "ts": ts, "dur": dur, "args": i})
-        events.append(
-            {
-                "ph": "C",
-                "pid": 0,
-                "name": "load",
-                "ts": ts,
-                "args": {"decode": i["decode"], "waiting": i["waiting"], "kv_blocks": i["kv_blocks_used"]},
-            }
-        )
+            events.append({"ph": "X", "pid": pid, "tid": 0, "name": label, "ts": ts, "dur": dur, "args": i})
+            events.append(
+                {
+                    "ph": "C",
+                    "pid": pid,
+                    "name": "load",
+                    "ts": ts,
+                    "args": {
+                        "decode": i["decode"],
+                        "waiting": i["waiting"],
+                        "kv_blocks": i["kv_blocks_used"],
+                    },
+                }
+            )
     return {"traceEvents": events, "displayTimeUnit": "ms"}

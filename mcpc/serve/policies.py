@@ -41,6 +41,9 @@ class StaticSpec(Section):
 class Bucket(Section):
     max_prompt: int | None = Field(default=None, ge=1, description="largest prompt length (inclusive)")
     batch: int = Field(ge=1)
+    p99_ms: float | None = Field(
+        default=None, ge=0, description="informational: the P99 tune-batching measured (not read)"
+    )
 
 
 SEED_TABLE = [Bucket(max_prompt=127, batch=32), Bucket(max_prompt=512, batch=16), Bucket(batch=4)]
@@ -289,10 +292,11 @@ class ContinuousBatching:
         pass
 
     def plan(self, sim: Simulator):
+        kv = sim.kv
         while True:  # room for each decode step's new K/V row, else preempt the latest admitted
-            decode = [s for s in sim.running if s.prefill_done]
-            growth = sum(sim.kv.extra_blocks(s.id, 1) for s in decode)
-            if growth <= sim.kv.spare:
+            decode = [s for s in sim.running if s.prefilled >= len(s.tokens)]
+            growth = sum(kv.extra_blocks(s.id, 1) for s in decode if not s.ctx % kv.block)
+            if growth <= kv.spare:
                 break
             sim.preempt(sim.running[-1])
         budget = self.budget - len(decode)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .cost import Measurer, ServedShape
+from .cost import Measured, Measurer, ServedShape
 
 
 def served_shape(loaded, source: str) -> ServedShape:
@@ -31,7 +31,8 @@ def measurer(program, source: str) -> Measurer:
     prefill call of a ``chunk``-token chunk after ``past`` cached tokens.  The cached tokens are
     placed in the KV manager without computing them (timing reads no K/V value), and the sequences
     of one measurement share their full blocks (the same ids), so even ``max_batch`` sequences at
-    ``max_seq`` fit any pool; each step gathers every sequence's blocks all the same."""
+    ``max_seq`` fit any pool; each step gathers every sequence's blocks all the same.  The answer
+    is the step's cycles carrying the DRAM bytes its profile read (``Measured``)."""
     from mcpc.sim.decoder import DecoderSession
 
     dec = DecoderSession(program, prefix_sharing=True, timing_only=True)
@@ -52,7 +53,8 @@ def measurer(program, source: str) -> Measurer:
             dec.prefill([(seqs[0], [0] * x)])
         for seq in seqs:
             dec.free(seq)
-        return float(dec.steps[-1]["cycles"])
+        step = dec.steps[-1]
+        return Measured(step["cycles"], step["dram_read_bytes"])
 
     return measure
 

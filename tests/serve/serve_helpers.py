@@ -34,7 +34,8 @@ def analytic(**over):
     data = yaml.safe_load(COST)
     data.update(over)
     spec = AnalyticSpec.model_validate(data)
-    return AnalyticCost(spec.clock_mhz * 1e6, spec.decode, spec.prefill), spec.shape()
+    cost = AnalyticCost(spec.clock_mhz * 1e6, spec.decode, spec.prefill, spec.dram, spec.kv_bytes_per_token)
+    return cost, spec.shape()
 
 
 def workload(**over):
