@@ -177,6 +177,7 @@ def run_program(
         _check_range(b, arr)
         raw = pack4(arr.reshape(-1)) if b["dtype"] in PACKED else arr.view(np.uint8).reshape(-1)
         writes.append((addr, raw))
+    plan = None
     if timing_only:
         m, recs = Machine(program.dram_size, t.sram.size_bytes), program.timing_recs()
         for addr, raw in preset or ():  # persistent bytes the host gives a timing-only run
@@ -189,7 +190,6 @@ def run_program(
         for addr, raw in writes:
             m.dram[addr : addr + raw.size] = raw
     else:
-        plan = None
         if not registers and not observe:
             plan = fastpath.plan(program, entry, order, [(a, a + raw.size) for a, raw in writes])
         if plan is None:  # a fresh machine: the constants copied in, everything else zero
@@ -211,7 +211,10 @@ def run_program(
     try:
         # numpy's own overflow warnings would be noise: the numeric guards count and attribute them
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            issue, done, stall, tokens_left = simulate(recs, order, m, max_cycles)
+            if plan is not None:  # a recorded schedule replayed without the event loop
+                issue, done, stall, tokens_left = fastpath.run(plan, recs, order, m, max_cycles)
+            else:
+                issue, done, stall, tokens_left = simulate(recs, order, m, max_cycles)
     except Faulted as exc:
         raise SimTrap(f"{src}: {program.describe(exc.index)}: {exc.message}") from None
     except Deadlock as exc:

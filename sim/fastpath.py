@@ -19,6 +19,11 @@ constant bytes that wrote it (-1 when anything else did), and derives:
   the very array ``matmul_tile`` would build, so the bits do not change.  Once every slot is
   filled, constant loads whose bytes nothing but slots reads are skipped (their cost stays).
 
+When every cost of the entry is static (no ``vattn``, no run-time extent), the schedule — the
+order the event loop executes the instructions in, their issue and completion cycles, the stalls
+and the tokens left — is the same in every run: the first run on the plan records it and later
+runs (``run``) execute the handlers in that order without the event loop, with the recorded times.
+
 ``plan`` returns None — the run then builds a fresh machine as before (always correct, slower) —
 for an instruction whose handler the analysis does not know, a store that can reach a constant
 region, an input region overlapping a constant region, or a trap during the replay.  A loaded
@@ -35,7 +40,7 @@ import numpy as np
 from . import execute as ex
 from . import numeric
 from .machine import Fault, Machine, dram_check, nbytes
-from .timing import Deadlock, Faulted, simulate
+from .timing import _ILLEGAL_PY, Deadlock, Faulted, simulate
 
 _I32 = np.dtype(np.int32)
 
@@ -48,11 +53,16 @@ class Plan:
     """The functional records of one entry (``lean``: without the loads only slots read, valid once
     every slot is filled), the DRAM ranges its stores can write, its SRAM peak."""
 
-    __slots__ = ("full", "lean", "slots", "dirty", "sram_hi", "ready")
+    __slots__ = ("full", "lean", "slots", "dirty", "sram_hi", "ready", "static", "schedule", "seqs")
 
-    def __init__(self, full: list, lean: list, slots: list, dirty: list[tuple[int, int]], sram_hi: int):
+    def __init__(
+        self, full: list, lean: list, slots: list, dirty: list[tuple[int, int]], sram_hi: int, static: bool
+    ):
         self.full, self.lean, self.slots, self.dirty, self.sram_hi = full, lean, slots, dirty, sram_hi
         self.ready = False
+        self.static = static  # every cost is known before the run: the schedule can be recorded
+        self.schedule: tuple | None = None  # (executed, issue, done, stall, tokens_left, last issue)
+        self.seqs: dict[int, list] = {}  # id(records) -> [(idx, handler, args)] in executed order
 
     @property
     def recs(self) -> list[tuple]:
@@ -153,6 +163,31 @@ def plan(program: Any, entry: str, order: range, input_ranges: list[tuple[int, i
         except (_Unsupported, Faulted, Deadlock):
             st.plans[entry] = None
     return st.plans[entry]
+
+
+def run(plan: Plan, recs: list, order: range, m: Machine, max_cycles: int | None) -> tuple:
+    """``simulate(recs, order, m, max_cycles)`` for a run of ``plan``'s entry: the event loop on the
+    first run (recording the schedule when every cost is static), then the recorded schedule —
+    the same handlers in the same order, the same cycles, the same Faulted on a trap."""
+    sched = plan.schedule
+    if sched is None or (max_cycles is not None and sched[5] > max_cycles):
+        executed: list[int] | None = [] if plan.static and sched is None else None
+        issue, done, stall, left = simulate(recs, order, m, max_cycles, executed)
+        if executed is not None and len(executed) == len(order):
+            plan.schedule = (executed, issue, done, stall, left, max(issue, default=0))
+        return issue, done, stall, left
+    seq = plan.seqs.get(id(recs))
+    if seq is None:
+        seq = plan.seqs[id(recs)] = [(idx, recs[idx][3], recs[idx][4]) for idx in sched[0]]
+    for idx, fn, args in seq:
+        try:
+            fn(m, args)
+        except Fault as exc:
+            raise Faulted(idx, str(exc)) from None
+        except _ILLEGAL_PY as exc:
+            raise Faulted(idx, f"illegal operation: {exc}") from None
+    _, issue, done, stall, left, _ = sched
+    return list(issue), list(done), list(stall), dict(left)
 
 
 def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -310,4 +345,5 @@ def _replay(program: Any, st: State, order: range) -> Plan:
     lean = list(out)
     for idx in const_loads - needed:
         lean[idx] = recs[idx][:3] + (ex.NOP, ()) + recs[idx][5:]
-    return Plan(out, lean, slots, _merge(stores), peak)
+    static = all(recs[idx][5] >= 0 for idx in order)
+    return Plan(out, lean, slots, _merge(stores), peak, static)

@@ -423,7 +423,11 @@ _ILLEGAL_PY = (ValueError, TypeError, ArithmeticError, IndexError)
 
 
 def simulate(
-    recs: list[tuple], order: range, machine: Machine, max_cycles: int | None = None
+    recs: list[tuple],
+    order: range,
+    machine: Machine,
+    max_cycles: int | None = None,
+    executed: list[int] | None = None,
 ) -> tuple[list, list, list, dict]:
     """Run instructions ``order`` (global indices into ``recs``) through the three queues.
 
@@ -433,6 +437,7 @@ def simulate(
     Returns ``(issue, done, stall, tokens_left)``: per-instruction issue and completion cycle
     (lists indexed by position in ``order``), per-engine stall cycles, and the tokens still
     pending at the end (``{"EX->LD": 1}``; empty when the program balances them, as it should).
+    ``executed``, when given, receives the instruction indices in the order they executed.
     Raises Faulted or Deadlock.
     """
     base = order.start
@@ -510,6 +515,8 @@ def simulate(
         done[idx - base] = end
         if end > last[e]:
             last[e] = end
+        if executed is not None:
+            executed.append(idx)
         for dst in r[2]:  # a signal releases everything its engine issued before it
             tokens[e][dst].append(last[e])
         pos[e] += 1

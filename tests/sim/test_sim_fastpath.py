@@ -174,3 +174,67 @@ halt
         np.testing.assert_allclose(y, x["x"].astype(np.float32) @ weight.astype(np.float32), rtol=1e-5)
     st = fastpath.state(program)
     assert st.plans["main"] is not None and len(st.slots) == 1
+
+
+@pytest.mark.parametrize("config", ["fp32", "fp16"])
+def test_the_recorded_schedule_gives_the_event_loops_cycles_and_trace(examples_dir, config, monkeypatch):
+    """From the run after the plan is made, the handlers run in the recorded order without the event
+    loop: outputs, profile and trace equal a fresh run's, and the event loop is not entered."""
+    result = mcpc.compile(examples_dir / "encoder_block.onnx", target="mcp2026-a100", qat_config=config)
+    program = from_program(result.program)
+    with np.load(examples_dir / "encoder_block.npz") as data:
+        base = dict(data)
+    rng = np.random.default_rng(8)
+    for i in range(4):
+        inputs = dict(base, x=rng.standard_normal(base["x"].shape).astype(np.float32))
+        if i == 3:  # the schedule was recorded on the plan's first run (i == 1)
+            monkeypatch.setattr(fastpath, "simulate", _no_event_loop)
+        got = run_program(program, inputs, trace=True)
+        with monkeypatch.context() as mp:
+            mp.setattr(fastpath, "plan", lambda *a: None)
+            want = run_program(from_program(result.program), inputs, trace=True)
+        _same(got.outputs, want.outputs)
+        assert got.profile == want.profile and got.trace_events == want.trace_events
+    plan = fastpath.state(program).plans["main"]
+    assert plan.static and plan.schedule is not None and len(plan.schedule[0]) == got.profile["instructions"]
+
+
+def _no_event_loop(*args, **kwargs):
+    raise AssertionError("the event loop ran although the schedule was recorded")
+
+
+def _gather_program():
+    rows = np.arange(32, dtype=np.float32).reshape(8, 4)
+    io = {"inputs": {"ids": ("i32", (1, 4))}, "outputs": {"y": ("f32", (4, 4))}}
+    _, at = build("halt", **io, constants=rows.tobytes())
+    neg = "vun func=neg in_dtype=f32 out_dtype=f32 dst=0x200 src=0x100 rows=4 cols=4 src_stride=4"
+    code = f"""
+load dram={at["ids"]} sram=0x0 rows=1 row_bytes=16
+gather dram=0 sram_idx=0x0 count=4 row_bytes=16 dram_stride=16 sram=0x100 sram_stride=16 limit=8 signal=EX
+{neg} dst_stride=4 wait=LD signal=ST
+store dram={at["y"]} sram=0x200 rows=1 row_bytes=64 wait=EX
+halt
+"""
+    return build(code, **io, constants=rows.tobytes())[0]
+
+
+def test_a_trap_and_a_cycle_limit_on_a_recorded_schedule_are_those_of_the_event_loop():
+    """A data-dependent trap (a gather index out of range) on a replayed schedule names the same
+    instruction as the event loop; a cycle limit below the recorded schedule's last issue traps."""
+    prog = _gather_program()
+    program = from_program(prog)
+    good = {"ids": np.array([[1, 2, 3, 7]], dtype=np.int32)}
+    for _ in range(3):
+        y = run_program(program, good).outputs["y"]
+    assert fastpath.state(program).plans["main"].schedule is not None
+    np.testing.assert_array_equal(y, -np.arange(32, dtype=np.float32).reshape(8, 4)[[1, 2, 3, 7]])
+    bad = {"ids": np.array([[1, 9, 3, 7]], dtype=np.int32)}
+    with pytest.raises(mcpc.errors.SimTrap) as fresh:
+        run_program(from_program(prog), bad)
+    with pytest.raises(mcpc.errors.SimTrap) as replayed:
+        run_program(program, bad)
+    assert "gather index out of range" in str(fresh.value) and str(replayed.value) == str(fresh.value)
+    cycles = run_program(program, good).profile["cycles"]
+    with pytest.raises(mcpc.errors.SimTrap, match="cycle limit"):
+        run_program(program, good, max_cycles=1)
+    assert run_program(program, good, max_cycles=cycles).profile["cycles"] == cycles
