@@ -176,6 +176,9 @@ def serve_command(source, workload_path, policy_path, json_path, trace_path, cos
     result["shape"] = {
         k: getattr(shape, k) for k in ("max_batch", "max_seq", "prefill_chunk", "kv_blocks", "block")
     }
+    from mcpc.serve.metrics import per_request, timeline
+
+    result["per_request"], result["timeline"] = per_request(sim), timeline(sim)
     if json_path:
         write_atomic(json_path, json.dumps(result, indent=1) + "\n")
     if trace_path:
