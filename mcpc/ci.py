@@ -12,6 +12,12 @@ A checks file (docs/ci.md)::
         dim: {seq: 32}              # binds symbolic dims as --dim does
         budgets: {max_latency_us: 50, max_peak_memory_bytes: 8000000, max_mcpb_bytes: 4000000,
                   min_cosine: 0.999, max_compile_s: 60}
+      - name: llama-decoder         # a decoder build: max_seq (and max_batch, kv_blocks,
+        model: llama-with-past.onnx #   prefill_chunk) as mcp-compile --max-seq; perplexity on
+        max_seq: 64                 #   the token windows, through mcpc sim eval-ppl's path
+        tokens: tokens.npy
+        window: 24
+        budgets: {max_ppl_change_pct: 0.5, max_ppl: 4000}
 
 Every build is measured by ``mcpc.measure.measure_build``; this module validates the file, turns
 rows into budget verdicts and compares them with a baseline.  A build that cannot be made fails
@@ -28,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mcpc.errors import ConfigError
 from mcpc.measure import BuildSpec
@@ -44,7 +50,14 @@ BUDGETS: dict[str, tuple[str, str, str]] = {
     "max_norm_err": ("max_norm_err", "max", ""),
     "min_top1": ("min_top1", "min", ""),
     "max_compile_s": ("compile_s", "max", "s"),
+    "max_ppl_change_pct": ("ppl_change_pct", "max", "%"),
+    "max_ppl": ("perplexity", "max", ""),
+    "max_ttft_ms": ("ttft_ms", "max", "ms"),
+    "max_tpot_ms": ("tpot_ms", "max", "ms"),
+    "max_kv_bytes": ("kv_bytes", "max", "bytes"),
 }
+# budgets only a decoder build measures (through eval-ppl's path)
+DECODER_BUDGETS = ("max_ppl_change_pct", "max_ppl", "max_ttft_ms", "max_tpot_ms", "max_kv_bytes")
 # metrics a baseline can hold a build to: +1 = higher is worse, -1 = lower is worse
 DIRECTION: dict[str, int] = {
     "cycles": 1,
@@ -59,6 +72,10 @@ DIRECTION: dict[str, int] = {
     "sim_s": 1,
     "min_cosine": -1,
     "min_top1": -1,
+    "perplexity": 1,
+    "ttft_ms": 1,
+    "tpot_ms": 1,
+    "kv_bytes": 1,
 }
 DEFAULT_REGRESSION_PCT = {"latency_us": 5.0, "peak_memory_bytes": 5.0, "mcpb_bytes": 5.0}
 NUMERICS = "numerics"  # the implicit case of every build: no NaN or overflow in the simulated run
@@ -67,6 +84,9 @@ EXAMPLE_PREFIX = "example:"
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+DECODER_KEYS = ("max_batch", "kv_blocks", "prefill_chunk", "tokens", "window", "prefill")
 
 
 class BuildEntry(_Strict):
@@ -81,7 +101,32 @@ class BuildEntry(_Strict):
     dim: dict[str, int] = Field(default_factory=dict)
     calib: str | None = None
     set: list[str] = Field(default_factory=list)
+    # a decoder build: mcp-compile --max-seq's sizes, and the windows its perplexity is measured on
+    max_seq: int | None = Field(default=None, ge=1)
+    max_batch: int | None = Field(default=None, ge=1)
+    kv_blocks: int | None = Field(default=None, ge=1)
+    prefill_chunk: int | None = Field(default=None, ge=1)
+    tokens: str | None = None
+    window: int | None = Field(default=None, ge=2)
+    prefill: int | None = Field(default=None, ge=1)
     budgets: dict[str, float] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _decoder_keys(self) -> BuildEntry:
+        decoder = [k for k in DECODER_KEYS if getattr(self, k) is not None]
+        if self.max_seq is None and decoder:
+            raise ValueError(f"{', '.join(decoder)} belong to a decoder build: add max_seq")
+        if self.max_seq is not None:
+            if self.tokens is None:
+                raise ValueError("a decoder build (max_seq) needs tokens (an .npy of token ids)")
+            given = [k for k in ("inputs", "dim") if k in self.model_fields_set]
+            if given:
+                raise ValueError(f"a decoder build (max_seq) takes tokens, not {', '.join(given)}")
+        else:
+            wrong = [b for b in self.budgets if b in DECODER_BUDGETS]
+            if wrong:
+                raise ValueError(f"{', '.join(wrong)} need a decoder build (max_seq and tokens)")
+        return self
 
     @field_validator("budgets")
     @classmethod
@@ -170,6 +215,7 @@ def load_checks(path: str | Path, example_dir: Path | None = None) -> Checks:
         model = _model_path(entry.model, base, example_dir, where)
         inputs = entry.inputs if entry.inputs == "random" else _existing(base, entry.inputs, where, "inputs")
         calib = _existing(base, entry.calib, where, "calib") if entry.calib is not None else None
+        tokens = _existing(base, entry.tokens, where, "tokens") if entry.tokens is not None else None
         targets = entry.target if isinstance(entry.target, list) else [entry.target]
         configs = entry.qat_config if isinstance(entry.qat_config, list) else [entry.qat_config]
         for target in targets:
@@ -190,6 +236,13 @@ def load_checks(path: str | Path, example_dir: Path | None = None) -> Checks:
                     seed=entry.seed,
                     calib=calib,
                     overrides=tuple(entry.set),
+                    max_seq=entry.max_seq,
+                    max_batch=entry.max_batch,
+                    kv_blocks=entry.kv_blocks,
+                    prefill_chunk=entry.prefill_chunk,
+                    tokens=tokens,
+                    window=entry.window,
+                    prefill=entry.prefill,
                 )
                 builds.append(Build(spec, dict(entry.budgets), line))
     pct = dict(DEFAULT_REGRESSION_PCT)

@@ -16,6 +16,18 @@ would have given, so a grid of builds always completes.  What a row holds:
 * ``memory``: DRAM bytes per memory-map region kind; ``outputs``: the per-output comparison;
   ``numeric``: the simulator's NaN/overflow section; ``build``: the compile report (whatever the
   build reports: a quantizing pipeline's own sections travel in it unchanged).
+
+A decoder build (``max_seq`` set: ``mcp-compile --max-seq``, with ``max_batch``, ``kv_blocks``,
+``prefill_chunk``) is measured through ``mcpc sim eval-ppl``'s path instead: the ``tokens`` (.npy:
+1-D cut into windows of ``window``, or 2-D one window a row) run through ``DecoderSession.eval_ppl``
+(a prefill of each window's first ``prefill`` tokens, then one decode step per token), and ONNX
+Runtime runs the original graph in its own KV loop on the same windows (``mcpc.ort_decoder``).
+Its ``metrics`` are then ``perplexity``, ``ref_perplexity`` (ONNX Runtime fp32),
+``ppl_change_pct`` (signed: 100 · (perplexity − ref) / ref), ``cycles`` / ``latency_us`` of the
+mean decode step, ``ttft_ms`` (mean prefill of a window), ``tpot_ms``, ``kv_bytes`` (peak KV in
+use), ``peak_memory_bytes`` (the program's NPU DRAM with its KV pool), ``mcpb_bytes``,
+``weight_bytes``, ``compile_s`` and ``sim_s``; its ``memory`` splits the DRAM into weights / KV /
+activations / inputs / outputs as for any program, and ``decoder`` is META["decoder"].
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 WALL_TIME_METRICS = ("compile_s", "sim_s")
+DECODER_FIELDS = ("max_seq", "max_batch", "kv_blocks", "prefill_chunk", "tokens", "window", "prefill")
 
 
 @dataclass(frozen=True)
@@ -50,13 +63,23 @@ class BuildSpec:
     seed: int = 0
     calib: str | None = None
     overrides: tuple[str, ...] = ()
+    # a decoder build (module doc): its sizes and the token windows its perplexity is measured on
+    max_seq: int | None = None
+    max_batch: int | None = None
+    kv_blocks: int | None = None
+    prefill_chunk: int | None = None
+    tokens: str | None = None
+    window: int | None = None
+    prefill: int | None = None
 
     def key(self) -> str:
         """A digest of everything that determines the build's result: the spec itself plus the
-        contents of the files it names (model, inputs, calibration data, a config or target given
-        as a path), so a resumed sweep redoes a build whose files changed."""
-        h = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode())
-        for ref in (self.model, self.inputs, self.calib, self.qat_config, self.target):
+        contents of the files it names (model, inputs, calibration data, tokens, a config or target
+        given as a path), so a resumed sweep redoes a build whose files changed.  Decoder fields
+        left unset are not part of it (the keys of other builds stay as they were)."""
+        spec = {k: v for k, v in asdict(self).items() if not (k in DECODER_FIELDS and v is None)}
+        h = hashlib.sha256(json.dumps(spec, sort_keys=True).encode())
+        for ref in (self.model, self.inputs, self.calib, self.tokens, self.qat_config, self.target):
             if ref and Path(ref).is_file():
                 stat = Path(ref).stat()
                 h.update(_file_digest(str(Path(ref).resolve()), stat.st_size, stat.st_mtime_ns).encode())
@@ -88,8 +111,10 @@ def measure_build(spec: BuildSpec) -> dict[str, Any]:
         "inputs": spec.inputs,
         "calib": spec.calib,
     }
+    if spec.max_seq is not None:
+        row["decoder_build"] = {k: getattr(spec, k) for k in DECODER_FIELDS}
     try:
-        row.update(_measure(spec))
+        row.update(_measure_decoder(spec) if spec.max_seq is not None else _measure(spec))
         row["status"] = "ok"
     except McpcError as err:
         row.update(status="error", reason=err.message, exit_code=err.exit_code)
@@ -108,6 +133,11 @@ def _compile(spec: BuildSpec):
     kwargs: dict[str, Any] = {}
     if spec.calib is not None:
         kwargs["calib"] = spec.calib
+    if spec.max_seq is not None:
+        from mcpc.ir.decoder_import import DecoderBuild
+
+        batch = spec.max_batch or 1
+        kwargs["decoder"] = DecoderBuild(spec.max_seq, batch, spec.kv_blocks, spec.prefill_chunk)
     return driver.compile(
         spec.model,
         target=spec.target,
@@ -178,6 +208,66 @@ def _measure(spec: BuildSpec) -> dict[str, Any]:
             for o in outputs
         ],
         "numeric": problem or None,
+        "build": build,
+    }
+
+
+def _measure_decoder(spec: BuildSpec) -> dict[str, Any]:
+    """A decoder build's row: eval-ppl's perplexity in the simulator against ONNX Runtime's (module doc)."""
+    import numpy as np
+
+    from mcpc.arch.mcpb import program_bytes
+    from mcpc.errors import InputError, UsageError
+    from mcpc.ort_decoder import ort_nll, perplexity
+    from mcpc.sim.api import from_program
+    from mcpc.sim.decoder import DecoderSession
+
+    if spec.tokens is None:
+        raise UsageError(f"{spec.name}: a decoder build (max_seq) needs tokens to measure perplexity on")
+    try:
+        tokens = np.load(spec.tokens, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{spec.tokens}: cannot read the tokens as a .npy file ({exc})") from None
+    if tokens.dtype.kind not in "iu":
+        raise UsageError(f"{spec.tokens}: the tokens must be integer token ids, not {tokens.dtype}")
+    prefill = 16 if spec.prefill is None else spec.prefill
+    t0 = time.perf_counter()
+    result = _compile(spec)
+    compile_s = time.perf_counter() - t0
+    mcpb_bytes = len(program_bytes(result.program))
+    loaded = from_program(result.program, source=f"{spec.name}.mcpb")
+    dec = DecoderSession(loaded)
+    t1 = time.perf_counter()
+    ppl = dec.eval_ppl(tokens, spec.window, prefill)
+    sim_s = time.perf_counter() - t1
+    try:
+        ref = perplexity(ort_nll(spec.model, tokens, spec.window, prefill))
+    except ValueError as exc:
+        raise InputError(f"{spec.model}: ONNX Runtime's reference loop cannot run it ({exc})") from None
+    prof = dec.session.last_profile
+    metrics = {
+        "perplexity": ppl["perplexity"],
+        "ref_perplexity": ref,
+        "ppl_change_pct": (ppl["perplexity"] - ref) / ref * 100,
+        "cycles": ppl["cycles_per_token"],
+        "latency_us": ppl["latency_us_per_token"],
+        "ttft_ms": ppl["ttft_ms"],
+        "tpot_ms": ppl["tpot_ms"],
+        "kv_bytes": ppl["kv_bytes"],
+        "peak_memory_bytes": prof["memory"]["peak_bytes"],
+        "mcpb_bytes": mcpb_bytes,
+        "weight_bytes": len(result.program.constants),
+        "windows": ppl["windows"],
+        "predictions": ppl["predictions"],
+        "compile_s": compile_s,
+        "sim_s": sim_s,
+    }
+    build = {k: v for k, v in result.report.items() if k not in ("pass_times", "output", "mcpc_version")}
+    return {
+        "metrics": metrics,
+        "memory": prof["memory"]["bytes_per_kind"],
+        "decoder": (result.program.meta or {}).get("decoder"),
+        "numeric": None if np.isfinite(ppl["perplexity"]) else f"simulated perplexity {ppl['perplexity']}",
         "build": build,
     }
 

@@ -8,11 +8,15 @@ figures it can:
   execute / store / idle), the roofline of every node with the target's roofs, the memory
   breakdown;
 * ``sweep`` (``mcpc sweep`` JSONL): accuracy against latency with each target's Pareto front, the
-  memory breakdown per build, the table of rows (a failed build with its reason).
+  memory breakdown per build, the table of rows (a failed build with its reason);
+* ``serve`` (``mcpc sim serve --json``): the latency CDFs of TTFT, TPOT and E2E (from its
+  ``per_request`` records), throughput and KV blocks in use over time (from its ``timeline``), the
+  summary table.
 
-A new kind (the serving simulator's results, say) is one detector and one renderer added to
-``KINDS``.  The page has no script and loads nothing: the figures are inline SVG (matplotlib,
-text as paths), the style sheet is inline.
+A decoder build's memory breakdown (a ci row with ``decoder``, a profile of a decoder program)
+shows its KV cache (from META decoder) apart from the other persistent regions.  A new kind is
+one detector and one renderer added to ``KINDS``.  The page has no script and loads nothing: the
+figures are inline SVG (matplotlib, text as paths), the style sheet is inline.
 """
 
 from __future__ import annotations
@@ -54,6 +58,12 @@ def _is_sweep(data: Any) -> bool:
     )
 
 
+def _is_serve(data: Any) -> bool:
+    return isinstance(data, dict) and all(
+        k in data for k in ("requests", "policy", "ttft_ms", "tpot_ms", "e2e_ms", "kv", "npu")
+    )
+
+
 def load(path: str | Path) -> tuple[str, Any]:
     """(kind name, data) of a result file: JSON or JSON lines; InputError naming the file when it
     is unreadable or of no known kind."""
@@ -76,7 +86,8 @@ def load(path: str | Path) -> tuple[str, Any]:
             return kind.name, data
     raise InputError(
         f"{path}: not a result mcpc report knows (expected one of: {', '.join(k.name for k in KINDS)}: the "
-        "JSON of mcpc ci --json, mcpc sim run --profile-json, or the JSONL of mcpc sweep)"
+        "JSON of mcpc ci --json, mcpc sim run --profile-json, mcpc sim serve --json, or the JSONL of "
+        "mcpc sweep)"
     )
 
 
@@ -136,13 +147,65 @@ def _render_profile(source: str, p: dict) -> list[str]:
         ),
     ]
     if p.get("memory"):
+        kv = plots.kv_pool_bytes(p["decoder"]) if isinstance(p.get("decoder"), dict) else None
+        said = "" if kv is None else f", of which the KV cache {kv:,} (META decoder)"
         out.append(
             _figure(
-                plots.memory_breakdown([(p["target"], p["memory"]["bytes_per_kind"])]),
-                f"Planned NPU DRAM: {p['memory']['peak_bytes']:,} bytes.",
+                plots.memory_breakdown(
+                    [(p["target"], plots.with_kv(p["memory"]["bytes_per_kind"], p.get("decoder")))]
+                ),
+                f"Planned NPU DRAM: {p['memory']['peak_bytes']:,} bytes{said}.",
                 "memory",
             )
         )
+    return out
+
+
+def _render_serve(source: str, r: dict) -> list[str]:
+    from mcpc import report_plots as plots
+
+    kv = r["kv"]
+    out = [
+        f"<p>{r['requests']:,} requests, policy {html.escape(str(r['policy']))}: "
+        f"{r['throughput_tokens_per_s']:,.1f} tokens/s over {r['duration_s']:.4g} s of virtual time, "
+        f"KV peak {kv['peak_blocks']:,} of {kv['blocks']:,} blocks, {kv['preemptions']:,} preemption(s).</p>"
+    ]
+    if r.get("per_request"):
+        out.append(
+            _figure(
+                plots.latency_cdfs(r["per_request"]),
+                "Fraction of requests served within a latency: time to first token, time per output "
+                "token (requests of two or more tokens), arrival to last token.",
+                "latency-cdf",
+            )
+        )
+    else:
+        out.append(
+            "<p>No per-request records in this file (written by an older mcpc): run mcpc sim serve "
+            "--json again for the latency CDFs.</p>"
+        )
+    timeline = r.get("timeline")
+    if timeline and timeline.get("t_s"):
+        out.append(
+            _figure(
+                plots.serving_timeline(timeline, kv.get("blocks")),
+                "Generated tokens per second in equal spans of the run, and the KV blocks referenced "
+                "by live sequences after each iteration.",
+                "serving-timeline",
+            )
+        )
+    rows = [
+        [name, *(_num(r[key].get(q), ".4g") for q in ("mean", "p50", "p90", "p99", "max"))]
+        for key, name in (
+            ("ttft_ms", "TTFT ms"),
+            ("tpot_ms", "TPOT ms"),
+            ("itl_ms", "ITL ms"),
+            ("e2e_ms", "E2E ms"),
+            ("queue_ms", "queue ms"),
+        )  # fmt: skip
+        if isinstance(r.get(key), dict)
+    ]
+    out.append(_table(["latency", "mean", "p50", "p90", "p99", "max"], rows))
     return out
 
 
@@ -160,24 +223,28 @@ def _row_table(rows: list[dict], first: str) -> str:
         "max norm err",
         "reason",
     ]
+    ppl = any("perplexity" in (r.get("metrics") or {}) for r in rows)
+    if ppl:  # decoder builds: eval-ppl's perplexity and ONNX Runtime's on the same windows
+        cols[-1:-1] = ["perplexity", "ORT fp32", "change %"]
     body, classes = [], []
     for r in rows:
         m = r.get("metrics") or {}
-        body.append(
-            [
-                r["name"],
-                r["target"],
-                r.get("config") or r["qat_config"],
-                r["status"],
-                _num(m.get("latency_us"), ".4g"),
-                _num(m.get("cycles")),
-                _num(m.get("peak_memory_bytes")),
-                _num(m.get("mcpb_bytes")),
-                _num(m.get("min_cosine"), ".7f"),
-                _num(m.get("max_norm_err"), ".3g"),
-                r.get("reason") or "",
-            ]
-        )
+        row = [
+            r["name"],
+            r["target"],
+            r.get("config") or r["qat_config"],
+            r["status"],
+            _num(m.get("latency_us"), ".4g"),
+            _num(m.get("cycles")),
+            _num(m.get("peak_memory_bytes")),
+            _num(m.get("mcpb_bytes")),
+            _num(m.get("min_cosine"), ".7f"),
+            _num(m.get("max_norm_err"), ".3g"),
+        ]
+        if ppl:
+            row += [_num(m.get("perplexity"), ".6g"), _num(m.get("ref_perplexity"), ".6g"),
+                    _num(m.get("ppl_change_pct"), "+.4f")]  # fmt: skip
+        body.append([*row, r.get("reason") or ""])
         classes.append("" if r["status"] == "ok" else "fail")
     return _table(cols, body, classes)
 
@@ -226,7 +293,9 @@ def _render_ci(source: str, doc: dict) -> list[str]:
     if ok:
         out.append(
             _figure(
-                plots.memory_breakdown([(b["name"], b["memory"]) for b in ok]),
+                plots.memory_breakdown(
+                    [(b["name"], plots.with_kv(b["memory"], b.get("decoder"))) for b in ok]
+                ),
                 "NPU DRAM per build, by memory-map region kind.",
                 "memory",
             )
@@ -245,8 +314,9 @@ KINDS = [
     Kind("ci", _is_ci, _render_ci),
     Kind("profile", _is_profile, _render_profile),
     Kind("sweep", _is_sweep, _render_sweep),
+    Kind("serve", _is_serve, _render_serve),
 ]
-_TITLES = {"ci": "CI checks", "profile": "simulated run", "sweep": "sweep"}
+_TITLES = {"ci": "CI checks", "profile": "simulated run", "sweep": "sweep", "serve": "serving"}
 
 _STYLE = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2em auto;max-width:1100px;color:#222;

@@ -16,15 +16,16 @@ ENGINE_COLORS = {"LD": "#4c78a8", "EX": "#f58518", "ST": "#54a24b", "idle": "#d3
 # memory-map region kinds grouped the way a user reads memory; kinds not listed keep their own name
 MEMORY_GROUPS = {
     "const": "weights",
-    "persistent": "KV / persistent",
-    "kv": "KV / persistent",
+    "kv": "KV cache",
+    "persistent": "other persistent",
     "scratch": "activations",
     "input": "inputs",
     "output": "outputs",
 }
 MEMORY_COLORS = {
     "weights": "#4c78a8",
-    "KV / persistent": "#e45756",
+    "KV cache": "#e45756",
+    "other persistent": "#b279a2",
     "activations": "#f58518",
     "inputs": "#72b7b2",
     "outputs": "#54a24b",
@@ -159,6 +160,101 @@ def memory_breakdown(entries: Sequence[tuple[str, dict]]) -> str:
     ax.set_title("memory breakdown")
     ax.tick_params(axis="y", labelsize=7)
     fig.legend(fontsize=8, loc="outside right upper")
+    return _svg(fig)
+
+
+_KV_DTYPE_BYTES = {"f16": 2, "fp16": 2, "float16": 2, "bf16": 2, "f32": 4, "fp32": 4, "float32": 4}
+
+
+def kv_pool_bytes(decoder: dict) -> int | None:
+    """The KV cache's bytes in NPU DRAM from a build's META decoder entry: ``kv_blocks`` blocks of
+    K and V for every layer and kv head, ``block`` tokens of ``head_dim`` values (an INT8 cache adds
+    an fp16 scale and a u8 zero point per vector; a ``kv_quant`` stating ``bytes_per_block`` is
+    taken as it is); None when the entry lacks a field or names an unknown dtype."""
+    try:
+        quant = decoder.get("kv_quant") or {}
+        if "bytes_per_block" in quant:
+            per_block = int(quant["bytes_per_block"])
+        else:
+            dtype = str(decoder["kv_dtype"])
+            per_vector = (
+                decoder["head_dim"] + 3
+                if dtype in ("i8", "u8", "int8")
+                else decoder["head_dim"] * _KV_DTYPE_BYTES[dtype]
+            )
+            per_block = decoder["layers"] * 2 * decoder["kv_heads"] * decoder["block"] * per_vector
+        return int(decoder["kv_blocks"]) * per_block
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def with_kv(per_kind: dict, decoder: dict | None) -> dict:
+    """``per_kind`` (DRAM bytes per region kind) with a decoder build's KV cache (``kv_pool_bytes``)
+    taken out of its persistent regions as ``kv``; unchanged for other programs."""
+    kv = kv_pool_bytes(decoder) if isinstance(decoder, dict) else None
+    persistent = int(per_kind.get("persistent", 0))
+    if kv is None or kv > persistent:
+        return dict(per_kind)
+    out = {k: v for k, v in per_kind.items() if k != "persistent"}
+    out["kv"] = kv
+    if persistent > kv:
+        out["persistent"] = persistent - kv
+    return out
+
+
+def latency_cdfs(per_request: Sequence[dict]) -> str:
+    """The empirical CDF of each request's TTFT, TPOT and end-to-end latency (ms, log axis), one
+    panel each, with the median and P99 marked."""
+    import numpy as np
+
+    fig = _figure(11, 3.6)
+    axes = fig.subplots(1, 3)
+    for ax, (key, title) in zip(
+        axes, (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "end-to-end")), strict=True
+    ):
+        values = np.sort([q[key] for q in per_request if q.get(key) is not None])
+        if values.size == 0:
+            ax.text(0.5, 0.5, f"no {title}", ha="center", va="center", transform=ax.transAxes)
+            ax.set_axis_off()
+            continue
+        ax.step(values, np.arange(1, values.size + 1) / values.size, where="post", color="#4c78a8")
+        for q, style in ((50, "--"), (99, ":")):
+            v = float(np.percentile(values, q))
+            ax.axvline(v, color="#e45756", ls=style, lw=1, label=f"P{q} {v:.4g} ms")
+        if values[0] > 0 and values[-1] / values[0] > 100:
+            from matplotlib.ticker import NullFormatter
+
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(f"{title} (ms)")
+        ax.set_title(f"{title}, {values.size} requests")
+        ax.set_ylim(0, 1.02)
+        ax.legend(fontsize=7, loc="lower right")
+    axes[0].set_ylabel("fraction of requests")
+    return _svg(fig)
+
+
+def serving_timeline(timeline: dict, kv_blocks: int | None, bins: int = 60) -> str:
+    """Throughput (generated tokens per second, in ``bins`` equal spans of the run) and the KV
+    blocks in use after each iteration, against the run's virtual time."""
+    import numpy as np
+
+    t = np.asarray(timeline["t_s"], dtype=float)
+    tokens = np.asarray(timeline["tokens"], dtype=float)
+    fig = _figure(11, 4.2)
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    edges = np.linspace(0.0, float(t[-1]) if t.size else 1.0, bins + 1)
+    counts, _ = np.histogram(t, bins=edges, weights=tokens)
+    width = edges[1] - edges[0]
+    top.bar(edges[:-1], counts / width, width=width, align="edge", color="#4c78a8")
+    top.set_ylabel("tokens / s")
+    top.set_title("throughput and KV cache use over the run")
+    bottom.step(t, timeline["kv_blocks_used"], where="pre", color="#e45756", label="KV blocks in use")
+    if kv_blocks:
+        bottom.axhline(kv_blocks, color="black", lw=1, ls="--", label=f"pool: {kv_blocks} blocks")
+    bottom.set_ylabel("KV blocks")
+    bottom.set_xlabel("virtual time (s)")
+    bottom.legend(fontsize=7, loc="upper right")
     return _svg(fig)
 
 

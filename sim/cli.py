@@ -216,6 +216,9 @@ def run_command(
     )
     if outputs_path:
         write_atomic(outputs_path, _npz_bytes(result.outputs))
+    decoder = (loaded.program.meta or {}).get("decoder")
+    if isinstance(decoder, dict):  # a decoder build: the report shows its KV cache apart
+        result.profile["decoder"] = decoder
     if profile_json:
         write_atomic(profile_json, _json_bytes(result.profile))
     if trace_path:

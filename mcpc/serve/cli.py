@@ -229,6 +229,9 @@ def serve_command(
     result["shape"] = {
         k: getattr(shape, k) for k in ("max_batch", "max_seq", "prefill_chunk", "kv_blocks", "block")
     }
+    from mcpc.serve.metrics import per_request, timeline
+
+    result["per_request"], result["timeline"] = per_request(sim), timeline(sim)
     if json_path:
         write_atomic(json_path, json.dumps(result, indent=1) + "\n")
     if trace_path:

@@ -202,3 +202,44 @@ def chrome_trace(sim, name: str = "serve") -> dict:
                 }
             )
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def per_request(sim: Simulator) -> list[dict]:
+    """One record per request, in request id order: its times (virtual s), latencies (ms), lengths
+    and preemptions (``tpot_ms`` None for a request of one output token)."""
+    out = []
+    for s in sorted(sim.finished, key=lambda q: q.req.id):
+        arrival, tpot = s.req.arrival_s, tpot_s(s)
+        out.append(
+            {
+                "id": int(s.req.id),
+                "arrival_s": arrival,
+                "first_token_s": s.first_token_s,
+                "finish_s": s.finish_s,
+                "ttft_ms": (s.first_token_s - arrival) * 1e3,
+                "tpot_ms": None if tpot is None else tpot * 1e3,
+                "e2e_ms": (s.finish_s - arrival) * 1e3,
+                "queue_ms": (s.admitted_s - arrival) * 1e3,
+                "prompt_tokens": s.req.prompt_len,
+                "output_tokens": int(s.req.output_len),
+                "preemptions": int(s.preemptions),
+            }
+        )
+    return out
+
+
+def timeline(sim: Simulator) -> dict:
+    """The run over time, one entry per iteration (columns): its end ``t_s``, the ``tokens`` it
+    emitted, the KV blocks in use, the decode batch and the waiting requests."""
+    ends = np.array([i["end"] for i in sim.iterations], dtype=float)
+    tokens = np.zeros(ends.size, dtype=np.int64)
+    for s in sim.finished:  # a token is emitted at the end of the iteration that computed it
+        times = s.first_token_s + np.concatenate([[0.0], np.cumsum(s.itl)])
+        np.add.at(tokens, np.searchsorted(ends, times - 1e-12), 1)
+    return {
+        "t_s": ends.tolist(),
+        "tokens": tokens.tolist(),
+        "kv_blocks_used": [int(i["kv_blocks_used"]) for i in sim.iterations],
+        "decode_batch": [int(i["decode"]) for i in sim.iterations],
+        "waiting": [int(i["waiting"]) for i in sim.iterations],
+    }

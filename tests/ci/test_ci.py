@@ -194,11 +194,17 @@ def test_shipped_examples_ci_yaml_passes_after_building_the_examples(tmp_path):
     from mcpc.examples import build_examples
 
     (tmp_path / "examples").mkdir()
-    shutil.copy(REPO / "examples" / "ci.yaml", tmp_path / "examples" / "ci.yaml")
+    for name in ("ci.yaml", "llama_tokens.npy"):
+        shutil.copy(REPO / "examples" / name, tmp_path / "examples" / name)
+    (tmp_path / "tests" / "llm").mkdir(parents=True)
+    (tmp_path / "tests" / "llm" / "decoders").symlink_to(REPO / "tests" / "llm" / "decoders")
     build_examples(tmp_path / "out")
     result = _ci(str(tmp_path / "examples" / "ci.yaml"), "--json", str(tmp_path / "r.json"))
     assert result.exit_code == 0, result.output
     doc = json.loads((tmp_path / "r.json").read_text())
     names = [b["name"] for b in doc["builds"]]
-    assert len(names) == 8 and "encoder-block/mcp2026-edge/fp32" in names
+    assert len(names) == 9 and "encoder-block/mcp2026-edge/fp32" in names
     assert all(b["status"] == "ok" for b in doc["builds"])
+    (dec,) = [b for b in doc["builds"] if b["name"] == "llama-decoder-fp16"]
+    assert {v["case"] for v in dec["budgets"]} >= {"max_ppl_change_pct", "max_ppl"}
+    assert abs(dec["metrics"]["ppl_change_pct"]) < 0.5

@@ -5,13 +5,34 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from conftest import require_chromium
 
 from mcpc.cli import cli
-from mcpc.report_plots import pareto_front
+from mcpc.report_plots import kv_pool_bytes, pareto_front
+
+LLAMA = Path(__file__).resolve().parents[1] / "llm" / "decoders" / "llama-with-past.onnx"
+SERVE_COST = """\
+kind: analytic
+clock_mhz: 1000
+max_batch: 16
+max_seq: 1024
+prefill_chunk: 64
+kv_blocks: 64
+kv_bytes_per_token: 1024
+decode: {base: 2000000, per_seq: 20000, per_kv_token: 300}
+prefill: {base: 1500000, per_token: 30000, per_attended: 20}
+"""
+SERVE_WORKLOAD = """\
+seed: 1
+requests: 200
+arrival: {process: poisson, rate_per_s: 20}
+prompt_len: {dist: uniform, min: 32, max: 512}
+output_len: {dist: uniform, min: 1, max: 96}
+"""
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +59,19 @@ def results(examples_dir, tmp_path_factory):
     sweep = r.invoke(cli, ["sweep", str(examples_dir / "mlp.onnx"), "--configs", configs,
                            "--targets", "mcp2026-a100,mcp2026-edge", "-o", str(d / "s.jsonl")])  # fmt: skip
     assert sweep.exit_code == 0, sweep.output  # ... a config that does not load is a row with its reason
+    # serving: an analytic cost file and a workload
+    (d / "cost.yaml").write_text(SERVE_COST)
+    (d / "w.yaml").write_text(SERVE_WORKLOAD)
+    serve = r.invoke(cli, ["sim", "serve", str(d / "cost.yaml"), "--workload", str(d / "w.yaml"),
+                           "--json", str(d / "serve.json")])  # fmt: skip
+    assert serve.exit_code == 0, serve.output
+    # a decoder build's decode step: its profile carries META decoder (the KV cache apart)
+    dec = r.invoke(cli, ["compile", "-o", str(d / "dec.mcpb"), str(LLAMA), "--max-seq", "128",
+                         "--max-batch", "2"])  # fmt: skip
+    assert dec.exit_code == 0, dec.output
+    run = r.invoke(cli, ["sim", "run", str(d / "dec.mcpb"), "--entry", "decode", "--random-inputs",
+                         "--set-reg", "kv_blocks=2", "--profile-json", str(d / "dec_prof.json")])  # fmt: skip
+    assert run.exit_code == 0, run.output
     return d
 
 
@@ -87,6 +121,38 @@ def test_report_recognises_each_kind(results, tmp_path):
     assert "bad.yaml" in page and "missing required key" in page
 
 
+def test_report_draws_serving_and_a_decoder_builds_memory(results, tmp_path):
+    from mcpc.sim.api import load_program
+    from mcpc.sim.decoder import DecoderMeta, block_bytes
+
+    out = tmp_path / "serve.html"
+    files = [str(results / n) for n in ("serve.json", "dec_prof.json")]
+    result = CliRunner().invoke(cli, ["report", *files, "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    page = out.read_text()
+    assert re.findall(r'<section class="source" data-kind="([a-z]+)"', page) == ["serve", "profile"]
+    assert _figures(page) == ["latency-cdf", "serving-timeline", "node-breakdown", "roofline", "memory"]
+    _self_contained(page)
+    serve = json.loads((results / "serve.json").read_text())
+    assert f"{serve['requests']:,} requests" in page and len(serve["per_request"]) == 200
+    # the KV cache of the memory figure: the pool META decoder describes, as the simulator sizes a block
+    profile = json.loads((results / "dec_prof.json").read_text())
+    meta = DecoderMeta.from_program(load_program(results / "dec.mcpb"))
+    kv = kv_pool_bytes(profile["decoder"])
+    assert kv == meta.kv_blocks * block_bytes(meta) == 4 * 2 * 2 * 2 * 64 * 16 * 2
+    assert f"of which the KV cache {kv:,}" in page
+    assert kv <= profile["memory"]["bytes_per_kind"]["persistent"]
+    # a serving result without per-request records (an older file) says how to get the CDFs
+    old = {k: v for k, v in serve.items() if k not in ("per_request", "timeline")}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    result = CliRunner().invoke(cli, ["report", str(tmp_path / "old.json"), "-o", str(tmp_path / "o.html")])
+    assert result.exit_code == 0, result.output
+    assert (
+        _figures((tmp_path / "o.html").read_text()) == []
+        and "run mcpc sim serve" in (tmp_path / "o.html").read_text()
+    )
+
+
 def test_report_refuses_what_it_does_not_know(tmp_path):
     (tmp_path / "x.json").write_text('{"hello": 1}')
     result = CliRunner().invoke(cli, ["report", str(tmp_path / "x.json"), "-o", str(tmp_path / "r.html")])
@@ -106,19 +172,21 @@ def test_pareto_front():
 @pytest.mark.slow
 @pytest.mark.browser
 def test_report_renders_in_headless_chromium(results, tmp_path):
-    """The report of all three kinds in a real browser: every figure drew, nothing on the console."""
+    """The report of every kind in a real browser: every figure drew, nothing on the console."""
     require_chromium()
     from chromium import render
     from PIL import Image
 
     page = tmp_path / "report.html"
-    files = [str(results / n) for n in ("ci.json", "profile.json", "s.jsonl")]
+    names = ("ci.json", "profile.json", "s.jsonl", "serve.json", "dec_prof.json")
+    files = [str(results / n) for n in names]
     assert CliRunner().invoke(cli, ["report", *files, "-o", str(page)]).exit_code == 0
     shot = tmp_path / "report.png"
     seen = render(page, shot)
     assert seen["console_errors"] == [], seen["console"]
     kinds = _figures(page.read_text())
-    assert [f["kind"] for f in seen["figures"]] == kinds and len(kinds) == 7
+    assert [f["kind"] for f in seen["figures"]] == kinds and len(kinds) == 12
+    assert {"latency-cdf", "serving-timeline", "pareto", "roofline", "budgets"} <= set(kinds)
     for f in seen["figures"]:
         assert f["width"] > 300 and f["height"] > 100, f
         assert f["drawn_paths"] > 10, f  # axes, ticks, bars or points: an empty svg draws none

@@ -133,6 +133,21 @@ def test_calibration_data_goes_to_the_quantizing_configs_only():
     assert [s.calib for s in specs] == [None, "c.npz", "c.npz"]
 
 
+def test_a_kv_cache_config_in_a_single_graph_sweep_is_a_row_with_its_reason(examples_dir, tmp_path):
+    """The shipped qat_w4a16_kv8* configs hold kv_cache settings, which only a decoder build has: in
+    a sweep of a single-graph model they are rows with the compiler's reason (exit 2), not builds
+    that silently drop the section, and not a crash of the sweep."""
+    out = tmp_path / "s.jsonl"
+    result = _sweep(str(examples_dir / "mlp.onnx"), "--configs", "qat_w4a16_kv8*",
+                    "--targets", "mcp2026-a100", "-o", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = _rows(out)
+    assert sorted(r["config"] for r in rows) == ["qat_w4a16_kv8", "qat_w4a16_kv8_sparse"]
+    for r in rows:
+        assert r["status"] == "error" and r["exit_code"] == 2
+        assert "kv_cache" in r["reason"] and "decoder build" in r["reason"]
+
+
 def test_a_corrupt_sweep_file_is_refused(tmp_path, examples_dir):
     out = tmp_path / "s.jsonl"
     out.write_text('{"key": "x", "status": "ok"}\nnot json\n{"key": "y", "status": "ok"}\n')
