@@ -151,3 +151,18 @@ def test_mismatched_and_bad_programs(tmp_path):
     (tmp_path / "long.yaml").write_text(WORKLOAD.replace("max: 90", "max: 200"))
     res = run(a, b_ok, "--workload", tmp_path / "long.yaml")
     assert res.exit_code == 3 and "max_seq 128" in res.output
+
+
+def test_shipped_headline_files_fit_the_build():
+    """examples/serve/headline.yaml and its policies load and fit the bench's --max-seq 1024
+    --max-batch 16 builds: 1000 requests of mixed lengths."""
+    from mcpc.serve import ServedShape, load_policy, load_workload
+
+    ex = Path(__file__).parents[2] / "examples" / "serve"
+    spec, reqs = load_workload(ex / "headline.yaml")
+    assert len(reqs) == 1000 and max(r.prompt_len + r.output_len for r in reqs) <= 1024
+    prompts = sorted(r.prompt_len for r in reqs)
+    assert prompts[0] < 64 and prompts[-1] > 512  # short and long prompts both
+    shape = ServedShape(16, 1024, 64, 256)
+    assert load_policy(ex / "headline_continuous.yaml", shape).max_seqs == 16
+    assert load_policy(ex / "static16.yaml", shape).spec.batch_size == 16
