@@ -125,7 +125,7 @@ def serve_side(side: Side, workload_path: Path, policy_path, exact: bool, points
         "file": side.path.name,
         "target": side.loaded.target.name,
         "precision": (side.loaded.program.meta or {}).get("precision"),
-        "kv_quant": (side.meta.kv_quant or {}).get("quant") if side.meta.kv_quant else None,
+        "kv_quant": (side.meta.kv_quant or {}).get("quant"),
         "kv_dtype": side.meta.kv_dtype,
         "kv_block_bytes": shape.kv_bytes_per_token * shape.block,
         "policy_file": None if policy_path is None else Path(policy_path).name,
