@@ -13,7 +13,7 @@ sequence of a full batch can reach max_seq): fp16 (``fp16.yaml``) and W4A16 + IN
 1. ``mcpc sim serve`` of the fp16 build under static batching and under continuous batching (the
    first run measures the build's cost grid, cached beside the program);
 2. ``mcpc compare`` fp16 + static against W4A16 + INT8 KV + continuous: the headline table (the
-   W4A16 build's cost grid measured on its first run);
+   W4A16 build's cost grid measured on its first run, 5 points per axis);
 3. the consistency check: one request (a 100-token prompt, 8 output tokens) at batch 1 through
    ``sim serve --exact`` and through the cost grid against ``mcpc sim generate`` on the fp16 build.
 
@@ -178,7 +178,7 @@ def main(argv=None) -> int:
 
     js = out / "compare.json"
     t_cmp = sh(BIN / "mcpc", "compare", fp16, progs["w4a16_kv8"], "--workload", args.workload,
-               "--policy-base", STATIC, "--policy-opt", CONTINUOUS,
+               "--policy-base", STATIC, "--policy-opt", CONTINUOUS, "--grid-points", 5,
                "--json", js)  # fmt: skip
     cmp = load(js)
 
