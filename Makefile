@@ -10,7 +10,7 @@ DEMO   ?= encoder_block
 # Extra mcp-compile flags for the demo, e.g. COMPILE_FLAGS="--dim seq=32" for decoder_block.
 COMPILE_FLAGS ?=
 
-.PHONY: demo test test-all lint venv clean conformance real-models llm-models bench fuzz extras test-tools ci-examples quant-eval
+.PHONY: demo test test-all lint venv clean conformance real-models llm-models bench bench-serve fuzz extras test-tools ci-examples quant-eval
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +74,13 @@ llm-models: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 	$(BIN)/python bench/kv_table.py --markdown bench/kv_table.md
+	$(BIN)/python bench/serve_headline.py
+
+# SmolLM2-135M served on mcp2026-a100 (docs/serving.md): continuous vs static batching and the
+# `mcpc compare` headline table, from the cached export of `make llm-models` (without it, one line
+# saying so). Builds and JSON in out/serve-headline, the tables in bench/serve_headline.md.
+bench-serve: $(STAMP)
+	$(BIN)/python bench/serve_headline.py
 
 # Quantization accuracy on MiniLM-L3 (docs/quant-eval.md): every shipped quantization config against
 # ONNX Runtime fp32 and ONNX Runtime's 4-bit quantizer, on the committed English sentences.

@@ -411,6 +411,10 @@ if _has_module("mcpc.sim.cli"):
         from mcpc.serve.cli import serve_command  # light: click only; the simulator loads inside
 
         sim_group.add_command(serve_command)
+if _has_module("mcpc.serve.compare") and _has_module("mcpc.sim.cli"):
+    from mcpc.serve.compare import compare_command  # light: click only; the simulator loads inside
+
+    cli.add_command(compare_command)
 
 
 def main() -> None:

@@ -19,8 +19,25 @@ def served_shape(loaded, source: str) -> ServedShape:
     from mcpc.sim.decoder import DecoderMeta, block_bytes
 
     m = DecoderMeta.from_program(loaded)
-    return ServedShape(
-        m.max_batch, m.max_seq, m.prefill_chunk, m.kv_blocks, m.block, block_bytes(m) // m.block
+    per_block = block_bytes(m) if m.kv_quant is None else stored_block_bytes(m, source)
+    return ServedShape(m.max_batch, m.max_seq, m.prefill_chunk, m.kv_blocks, m.block, per_block // m.block)
+
+
+def stored_block_bytes(m, source: str) -> int:
+    """Bytes one full KV block takes as a compressing build stores it (META ``kv_quant``: INT8,
+    sparsity): every layer's K and V blocks of every kv head, as ``nominal_block_bytes`` sizes them
+    without values (what ``DecoderSession`` counts on a timing-only run; an INT8 block that fails its
+    error check and is kept fp16 is larger, which only a run with values can see)."""
+    from mcpc.errors import InputError
+    from mcpc.kv import KvSettings, nominal_block_bytes
+
+    try:
+        settings = KvSettings.from_json(m.kv_quant)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{source}: META decoder.kv_quant is malformed ({exc})") from None
+    return 2 * sum(
+        sum(nominal_block_bytes(settings, layer, m.kv_heads, m.block, m.head_dim, m.kv_dtype))
+        for layer in range(m.layers)
     )
 
 
