@@ -10,7 +10,7 @@ DEMO   ?= encoder_block
 # Extra mcp-compile flags for the demo, e.g. COMPILE_FLAGS="--dim seq=32" for decoder_block.
 COMPILE_FLAGS ?=
 
-.PHONY: demo test test-all lint venv clean conformance real-models llm-models bench bench-serve fuzz extras test-tools ci-examples quant-eval
+.PHONY: demo test test-all lint venv clean conformance real-models llm-models bench bench-serve bench-llm fuzz extras test-tools ci-examples quant-eval
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -75,12 +75,21 @@ bench: $(STAMP)
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 	$(BIN)/python bench/kv_table.py --markdown bench/kv_table.md
 	$(BIN)/python bench/serve_headline.py
+	@if [ -f "$(SMOLLM2_ONNX)" ]; then $(MAKE) --no-print-directory bench-llm; \
+	else echo "bench: no SmolLM2 perplexity table: $(SMOLLM2_ONNX) not found (make llm-models exports it)"; fi
 
 # SmolLM2-135M served on mcp2026-a100 (docs/serving.md): continuous vs static batching and the
 # `mcpc compare` headline table, from the cached export of `make llm-models` (without it, one line
 # saying so). Builds and JSON in out/serve-headline, the tables in bench/serve_headline.md.
 bench-serve: $(STAMP)
 	$(BIN)/python bench/serve_headline.py
+
+# SmolLM2-135M perplexity through the served path, one row per build and KV setting (docs/real_models.md):
+# bench/smollm2_ppl.{json,md}.  Each row is a compile and a 4 x 256-token evaluation (minutes each);
+# BENCH_LLM_ARGS="--rows fp16,w4a16 --reuse" runs some rows and keeps those already in out/smollm2_ppl.
+SMOLLM2_ONNX ?= $(or $(MCPC_SMOLLM2_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mcpc/smollm2)/smollm2-decode.onnx
+bench-llm: $(STAMP)
+	$(BIN)/python bench/smollm2_ppl.py --onnx "$(SMOLLM2_ONNX)" $(BENCH_LLM_ARGS)
 
 # Quantization accuracy on MiniLM-L3 (docs/quant-eval.md): every shipped quantization config against
 # ONNX Runtime fp32 and ONNX Runtime's 4-bit quantizer, on the committed English sentences.

@@ -97,8 +97,23 @@ def _file_digest(path: str, size: int, mtime_ns: int) -> str:
     return h.hexdigest()
 
 
+BUILD_BLAS_THREADS = 1
+
+
 def measure_build(spec: BuildSpec) -> dict[str, Any]:
-    """The row of ``spec`` (see the module doc); never raises for a build that fails."""
+    """The row of ``spec`` (see the module doc); never raises for a build that fails.
+
+    The build runs with ``BUILD_BLAS_THREADS`` BLAS threads wherever it runs (this process, a pool
+    worker, a Ray task): a calibrated quantizer's linear algebra rounds differently with another
+    thread count, and a row must not depend on where it was measured.
+    """
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=BUILD_BLAS_THREADS, user_api="blas"):
+        return _measure_build(spec)
+
+
+def _measure_build(spec: BuildSpec) -> dict[str, Any]:
     from mcpc.errors import EXIT_INTERNAL, McpcError
 
     row: dict[str, Any] = {

@@ -295,18 +295,49 @@ def _qparam_tile(m: Machine, what: str, addr: int, rows: int, cols: int, dtype: 
     return raw.view(NUMPY_DTYPES[dtype]).reshape(rows, cols)
 
 
-def _matmul_w4a16(m: Machine, a: tuple) -> None:
-    A, B, C, trans_b, acc, a_dtype, w_dtype, s_dtype = a
-    s = m.sram
+def _w4a16_qtiles(m: Machine, B: tuple, trans_b: int, w_dtype: str, s_dtype: str) -> tuple:
+    """The scale and zero-point tiles (None: no zero point) and group of a matmul_w4a16 whose
+    codes are operand ``B``, read through the current QParam group."""
     _, _, _, zp_ptr, scale_ptr, group = m.qparams
     n, k = (B[1], B[2]) if trans_b else (B[2], B[1])
     groups = -(-k // group) if group else 1
     shape = (n, groups) if trans_b else (groups, n)
     scale = _qparam_tile(m, "scale tile", scale_ptr, *shape, s_dtype)
     zp = _qparam_tile(m, "zero-point tile", zp_ptr, *shape, w_dtype) if zp_ptr else None
+    return scale, zp, group
+
+
+def _matmul_w4a16(m: Machine, a: tuple) -> None:
+    A, B, C, trans_b, acc, a_dtype, w_dtype, s_dtype = a
+    s = m.sram
+    scale, zp, group = _w4a16_qtiles(m, B, trans_b, w_dtype, s_dtype)
     part = matmul_wq_tile(_get(s, A), _get(s, B), scale, zp, group, bool(trans_b), a_dtype)
     c = view(s, *C[:6])
     c[...] = (c + part) if acc else part
+
+
+def _matmul_w4a16_cached(m: Machine, a: tuple) -> None:
+    """``_matmul_w4a16`` whose dequantized weight comes from a slot shared across runs
+    (``sim/fastpath.py``): given only when the codes, scales and zero points hold the same constant
+    bytes in every run, so the weight ``matmul_wq_tile`` multiplies (dequantized to the activation
+    dtype, transposed, prepared by ``tile_operand``) is computed once; the product is then exactly
+    ``matmul_wq_tile``'s."""
+    A, B, C, trans_b, acc, a_dtype, w_dtype, s_dtype, slot = a
+    s = m.sram
+    wb = slot[0]
+    if wb is None:
+        scale, zp, group = _w4a16_qtiles(m, B, trans_b, w_dtype, s_dtype)
+        w = dequantize_weight(_get(s, B), scale, zp, group, bool(trans_b), a_dtype)
+        wb = slot[0] = tile_operand(w.T if trans_b else w, False)
+    part = matmul_prepared(tile_operand(_get(s, A), False), wb, False)
+    c = view(s, *C[:6])
+    c[...] = (c + part) if acc else part
+
+
+def cached_matmul_w4a16(args: tuple, slot: list) -> tuple[Handler, tuple]:
+    """``(handler, args)`` of a matmul_w4a16 (``args`` as ``compile_instr`` made them) whose
+    dequantized weight is kept in ``slot``."""
+    return _matmul_w4a16_cached, (*args, slot)
 
 
 def _vdequant(m: Machine, a: tuple) -> None:
@@ -429,10 +460,12 @@ DESTINATION = {_matmul: 2, _vbin: 3, _vbini: 4, _vun: 2, _vred: 2, _vsel: 2, _fi
 SOURCES = {_matmul: (0, 1), _vbin: (1, 2), _vbini: (1,), _vun: (1,), _vred: (1,), _vsel: (0, 1, 2)}
 SOURCES.update({_fill0: (), _transpose: (0,)})
 DESTINATION[_matmul_w4a16], SOURCES[_matmul_w4a16] = 2, (0, 1)
+DESTINATION[_matmul_w4a16_cached], SOURCES[_matmul_w4a16_cached] = 2, (0, 1)
 DESTINATION[_vdequant], SOURCES[_vdequant] = 1, (0,)
 DESTINATION[_qa], SOURCES[_qa] = 2, (0, 1)
 LOAD, STORE, GATHER, MATMUL, SETR, TRAP, NOP = _load, _store, _gather, _matmul, _setr, _trap, _nop
 VTOPK, SCATTER, VATTN, KVDECOMP = _vtopk, _scatter, _vattn, _kvdecomp
+SETQ, MATMUL_W4A16, VDEQUANT, QA = _setq, _matmul_w4a16, _vdequant, _qa
 _TIMING_TWINS = {_load: _dma_check, _store: _dma_check, _setr: _setr, _trap: _trap, _nop: _nop}
 _TIMING_TWINS.update({_salu: _salu, _setq: _setq})  # register writes: run-time extents follow them
 _TIMING_TWINS.update(dict.fromkeys((_gather, _scatter, _matmul, _matmul_cached, _vtopk, *DESTINATION), _nop))

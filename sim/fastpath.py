@@ -238,6 +238,69 @@ def _key(wid: np.ndarray, src: np.ndarray, d: tuple, role: tuple, idx: int) -> t
     return (lo, *d[:5], d[5].str, *role) if lo == hi else ("at", idx, *role)
 
 
+_QPARAM_READERS = frozenset({ex.MATMUL_W4A16, ex.VDEQUANT, ex.QA})
+
+
+def _qparam_ranges(m: Machine, fn: Any, a: tuple) -> list[tuple[int, int]]:
+    """SRAM byte ranges [lo, hi) of the scale and zero-point tiles a quantized instruction reads
+    through the current QParam group (the shapes ``execute`` reads them with); scale first."""
+    _, _, _, zp_ptr, scale_ptr, group = m.qparams
+    if fn is ex.QA:
+        B, trans_b, q_dtype = a[1], a[3], a[5]
+        n = B[1] if trans_b else B[2]
+        out = [(scale_ptr, scale_ptr + nbytes("f32", n))] if scale_ptr else []
+        return out + ([(zp_ptr, zp_ptr + nbytes(q_dtype, 1))] if zp_ptr else [])
+    if fn is ex.VDEQUANT:
+        S, z_dtype, s_dtype = a[0], a[2], a[4]
+        rows, k = S[1], S[2]
+    else:  # matmul_w4a16: codes B (n x k when trans_b)
+        B, trans_b, z_dtype, s_dtype = a[1], a[3], a[6], a[7]
+        rows, k = (B[1], B[2]) if trans_b else (B[2], B[1])
+    groups = -(-k // group) if group else 1
+    if fn is ex.MATMUL_W4A16 and not trans_b:  # (groups, n)
+        rows, groups = groups, rows
+    out = [(scale_ptr, scale_ptr + rows * nbytes(s_dtype, groups))]
+    return out + ([(zp_ptr, zp_ptr + rows * nbytes(z_dtype, groups))] if zp_ptr else [])
+
+
+def _range_key(wid: np.ndarray, src: np.ndarray, lo: int, hi: int, idx: int) -> tuple | None:
+    """The key of the SRAM bytes [lo, hi) read by instruction ``idx``, or None when some byte is
+    not constant: their DRAM addresses when contiguous, else the one load that wrote them all, else
+    the instruction (every byte constant: the same bytes in every run)."""
+    w = wid[lo:hi]
+    if w.size == 0:
+        return ("empty",)
+    if int(w.min()) < 0:
+        return None
+    a = src[lo:hi]
+    if np.array_equal(a, a[0] + np.arange(a.size)):
+        return ("dram", int(a[0]), a.size)
+    return ("ld", int(w[0]), lo, hi) if int(w.min()) == int(w.max()) else ("at", idx, lo, hi)
+
+
+def _w4a16_key(wid: np.ndarray, src: np.ndarray, a: tuple, tiles: list, idx: int, group: int) -> tuple | None:
+    """The key of a matmul_w4a16's dequantized weight (its codes, scales and zero points, all
+    constant, and how they are read), or None when it cannot be kept across runs."""
+    A, B, C, trans_b, acc, a_dtype, w_dtype, s_dtype = a
+    v = _bytes_of(wid, B)
+    if v.size == 0 or int(v.min()) < 0:
+        return None
+    s = _bytes_of(src, B).reshape(B[1], -1)  # per row of codes: the DRAM address of each byte
+    rows, nb = s.shape
+    first = int(s[0, 0])
+    dr = int(s[1, 0]) - first if rows > 1 else 0
+    if np.array_equal(s, first + dr * np.arange(rows)[:, None] + np.arange(nb)):
+        kb = ("dram", first, dr)
+    elif int(v.min()) == int(v.max()):
+        kb = ("ld", int(v.min()), B[0], B[3])
+    else:
+        kb = ("at", idx)
+    qs = [_range_key(wid, src, lo, hi, idx) for lo, hi in tiles]
+    if any(q is None for q in qs):
+        return None
+    return ("w4a16", kb, *B[1:3], B[4], B[6], *qs, len(qs), group, bool(trans_b), a_dtype, w_dtype, s_dtype)
+
+
 def _replay(program: Any, st: State, order: range) -> Plan:
     n = len(order)
     peak = int(program.sram_hi[order.start : order.stop].max()) if n else 0
@@ -245,6 +308,7 @@ def _replay(program: Any, st: State, order: range) -> Plan:
     src = np.full(max(peak, 1), -1, dtype=np.int64)  # per SRAM byte: its constant DRAM address
     stores: list[tuple[int, int]] = []
     keys: dict[int, tuple] = {}
+    w4_keys: dict[int, tuple] = {}  # matmul_w4a16 -> key of its dequantized weight
     const_loads: set[int] = set()
     needed: set[int] = set()  # constant loads whose bytes something other than a slot reads
 
@@ -254,11 +318,12 @@ def _replay(program: Any, st: State, order: range) -> Plan:
 
     def step(m: Machine, x: tuple) -> None:
         idx, fn, a = x
-        if fn is ex.EXTENT:  # a run-time count: analysed at its capacity, which covers every count
+        extent = fn is ex.EXTENT
+        if extent:  # a run-time count: analysed at its capacity, which covers every count
             _, cap, variants, make, _ = a
             v = variants.get(cap) or variants.setdefault(cap, make(cap))
             fn, a = numeric.unwrap(v[0], v[1])
-        if fn is ex.SETR or fn is ex.TRAP or fn is ex._salu:  # registers: DMA addresses follow them
+        if fn is ex.SETR or fn is ex.TRAP or fn is ex._salu or fn is ex.SETQ:  # registers, QParams
             fn(m, a)
         elif fn is ex.NOP:
             pass
@@ -319,6 +384,17 @@ def _replay(program: Any, st: State, order: range) -> Plan:
                 if ka is not None or kb is not None:
                     keys[idx] = (ka, kb)
                 sources = [k for k, key in ((0, ka), (1, kb)) if key is None] + ([2] if acc else [])
+            elif fn in _QPARAM_READERS:  # the scale and zero-point tiles its QParam pointers name
+                tiles = _qparam_ranges(m, fn, a)
+                if any(hi > wid.size for _, hi in tiles):
+                    raise _Unsupported  # outside the SRAM this analysis tracks
+                wkey = _w4a16_key(wid, src, a, tiles, idx, m.qparams[5]) if fn is ex.MATMUL_W4A16 else None
+                if wkey is not None and not extent:
+                    w4_keys[idx] = wkey
+                    sources = [0] + ([2] if a[4] else [])  # A (and C when accumulating): not B
+                else:
+                    for lo, hi in tiles:
+                        read(wid[lo:hi])
             for k in sources:
                 read(_bytes_of(wid, a[k]))
             _bytes_of(wid, a[d])[...] = -1
@@ -340,6 +416,11 @@ def _replay(program: Any, st: State, order: range) -> Plan:
         slot_b = st.slots.setdefault(kb, [None]) if kb is not None else None
         slots += [s for s in (slot_a, slot_b) if s is not None]
         fn, args = ex.cached_matmul(numeric.unwrap(recs[idx][3], recs[idx][4])[1], slot_a, slot_b)
+        out[idx] = recs[idx][:3] + numeric.rewrap(recs[idx][3], recs[idx][4], fn, args) + recs[idx][5:]
+    for idx, key in w4_keys.items():
+        slot = st.slots.setdefault(key, [None])
+        slots.append(slot)
+        fn, args = ex.cached_matmul_w4a16(numeric.unwrap(recs[idx][3], recs[idx][4])[1], slot)
         out[idx] = recs[idx][:3] + numeric.rewrap(recs[idx][3], recs[idx][4], fn, args) + recs[idx][5:]
     # once every slot holds its tile, a constant load whose bytes only slots read has no effect
     lean = list(out)

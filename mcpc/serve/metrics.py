@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .engine import Seq
+from .engine import Seq, Simulator
 
 
 def stats(values) -> dict:
@@ -228,18 +228,32 @@ def per_request(sim: Simulator) -> list[dict]:
     return out
 
 
-def timeline(sim: Simulator) -> dict:
+def timeline(sim) -> dict:
     """The run over time, one entry per iteration (columns): its end ``t_s``, the ``tokens`` it
-    emitted, the KV blocks in use, the decode batch and the waiting requests."""
-    ends = np.array([i["end"] for i in sim.iterations], dtype=float)
+    emitted, the KV blocks in use, the decode batch and the waiting requests.  For a fleet
+    (``mcpc.serve.fleet.Fleet``) the entries are every replica's iterations in time order, with
+    KV blocks, decode batch and waiting summed over the replicas as they stand at that time."""
+    sims = getattr(sim, "replicas", None) or [sim]
+    ends = np.concatenate([r.iterations.column("end") for r in sims])
+    which = np.concatenate([np.full(len(r.iterations), k) for k, r in enumerate(sims)])
+    order = np.argsort(ends, kind="stable")
+    ends, which = ends[order], which[order]
     tokens = np.zeros(ends.size, dtype=np.int64)
     for s in sim.finished:  # a token is emitted at the end of the iteration that computed it
         times = s.first_token_s + np.concatenate([[0.0], np.cumsum(s.itl)])
-        np.add.at(tokens, np.searchsorted(ends, times - 1e-12), 1)
-    return {
-        "t_s": ends.tolist(),
-        "tokens": tokens.tolist(),
-        "kv_blocks_used": [int(i["kv_blocks_used"]) for i in sim.iterations],
-        "decode_batch": [int(i["decode"]) for i in sim.iterations],
-        "waiting": [int(i["waiting"]) for i in sim.iterations],
-    }
+        np.add.at(tokens, np.minimum(np.searchsorted(ends, times - 1e-12), max(ends.size - 1, 0)), 1)
+    out = {"t_s": ends.tolist(), "tokens": tokens.tolist()}
+    for key, column in (
+        ("kv_blocks_used", "kv_blocks_used"),
+        ("decode_batch", "decode"),
+        ("waiting", "waiting"),
+    ):
+        values = np.concatenate([r.iterations.column(column) for r in sims])[order]
+        total = np.zeros(ends.size)
+        for k in range(len(sims)):  # each replica's value holds from its iteration until its next one
+            mine = np.flatnonzero(which == k)
+            if mine.size:
+                held = np.searchsorted(mine, np.arange(ends.size), side="right") - 1
+                total += np.where(held >= 0, values[mine[np.maximum(held, 0)]], 0.0)
+        out[key] = total.astype(np.int64).tolist()
+    return out

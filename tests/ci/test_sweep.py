@@ -290,3 +290,22 @@ def test_minilm_sweep_pool_resume_and_ray(ray_address, tmp_path):
 
         bound = 0.999 if r["config"] in ("fp16", "fp32") else load_config(r["config"]).check.min_cosine
         assert r["metrics"]["min_cosine"] >= bound, (r["name"], r["metrics"]["min_cosine"], bound)
+
+
+def test_a_build_runs_on_one_blas_thread_wherever_it_runs(monkeypatch):
+    """Calibrated quantization rounds differently with another BLAS thread count (GPTQ's Hessian
+    products), so measure_build fixes it: a row must not depend on the pool, Ray or this process."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    import mcpc.measure as measure
+
+    seen = []
+    monkeypatch.setattr(
+        measure, "_measure_build", lambda spec: seen.append([i["num_threads"] for i in threadpool_info()
+                                                             if i["user_api"] == "blas"]) or {}
+    )  # fmt: skip
+    with threadpool_limits(limits=2, user_api="blas"):
+        measure.measure_build(None)
+        outside = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    assert seen and seen[0] and all(n == measure.BUILD_BLAS_THREADS for n in seen[0])
+    assert outside == [min(2, n) for n in outside] and outside  # restored after the build

@@ -44,3 +44,23 @@ def test_per_request_and_timeline_agree_with_the_summary(tmp_path):
     assert all(tok >= d for tok, d in zip(t["tokens"], t["decode_batch"], strict=True))
     assert max(t["kv_blocks_used"]) == r["kv"]["peak_blocks"]
     assert t["t_s"][-1] == max(q["finish_s"] for q in reqs)
+
+
+def test_a_fleet_has_per_request_records_and_one_timeline_over_its_replicas(tmp_path):
+    (tmp_path / "w.yaml").write_text(MINIMAL.replace("requests: 1000", "requests: 300"))
+    (tmp_path / "c.yaml").write_text(COST)
+    res = CliRunner().invoke(
+        cli,
+        ["sim", "serve", str(tmp_path / "c.yaml"), "--workload", str(tmp_path / "w.yaml"),
+         "--replicas", "3", "--json", str(tmp_path / "r.json")],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert len(r["per_request"]) == r["requests"] == 300
+    t = r["timeline"]
+    assert len(t["t_s"]) == sum(rep["npu"]["iterations"] for rep in r["replicas"])
+    assert np.all(np.diff(t["t_s"]) >= 0) and sum(t["tokens"]) == r["generated_tokens"]
+    # the fleet's KV in use at any time is the replicas' sum: at least each replica's own peak
+    assert max(t["kv_blocks_used"]) >= max(rep["kv"]["peak_blocks"] for rep in r["replicas"])
+    assert max(t["decode_batch"]) <= 3 * r["shape"]["max_batch"]

@@ -10,7 +10,8 @@ import pytest
 from simprog import build
 
 import mcpc
-from mcpc.sim import fastpath
+from mcpc.sim import execute as ex
+from mcpc.sim import fastpath, numeric
 from mcpc.sim.api import from_program, run_program
 
 
@@ -47,6 +48,41 @@ def test_repeated_runs_with_changing_inputs_equal_fresh_runs(examples_dir, name,
     assert cached and all(w is not None and w.dtype == np.float32 and w.flags.c_contiguous for w in cached)
     skipped = sum(1 for f, l in zip(plan.full, plan.lean, strict=True) if f[3] is not l[3])
     assert skipped > 0  # weight loads only the slots read are skipped
+
+
+@pytest.mark.parametrize("config", ["qat_w4a16", "qat_int4_fp8", "qat_mixed"])
+@pytest.mark.parametrize("name", ["mlp", "decoder_block"])
+def test_quantized_builds_run_on_their_own_machine_with_the_bits_of_fresh_runs(
+    examples_dir, name, config, monkeypatch
+):
+    """QParam groups (setq) and the scale/zero-point tiles they point at are followed by the
+    analysis: a matmul_w4a16 keeps its dequantized weight in a slot, the other quantized
+    instructions read their tiles each run; every run equals a fresh one bit for bit."""
+    dims = {"seq": 32} if name == "decoder_block" else None
+    calib = examples_dir / f"{name}.npz"  # the example's inputs calibrate the activation quantizers
+    result = mcpc.compile(
+        examples_dir / f"{name}.onnx", target="mcp2026-a100", qat_config=config, dims=dims, calib=calib
+    )
+    program = from_program(result.program)
+    with np.load(examples_dir / f"{name}.npz") as data:
+        base = dict(data)
+    rng = np.random.default_rng(7)
+    for i in range(4):
+        inputs = dict(base, x=rng.standard_normal(base["x"].shape).astype(np.float32)) if i else base
+        _same(run_program(program, inputs).outputs, _fresh(from_program(result.program), inputs, monkeypatch))
+    plan = fastpath.state(program).plans["main"]
+    assert plan is not None and plan.ready
+    w4 = [r for r in plan.lean if numeric.unwrap(r[3], r[4])[0] is ex._matmul_w4a16_cached]
+    n_w4 = sum(1 for op in program.mnemonics if op == "matmul_w4a16")
+    if config == "qat_w4a16":
+        assert n_w4 > 0 and len(w4) == n_w4  # every weight-quantized matmul from its slot
+        slots = [r[4][-1] if r[3] is ex._matmul_w4a16_cached else r[4][1][-1] for r in plan.lean
+                 if numeric.unwrap(r[3], r[4])[0] is ex._matmul_w4a16_cached]  # fmt: skip
+        assert all(s[0] is not None and s[0].dtype == np.float32 for s in slots)
+        skipped = sum(1 for f, l in zip(plan.full, plan.lean, strict=True) if f[3] is not l[3])
+        assert skipped > 0  # the code and scale loads only the slots read are skipped
+    else:
+        assert len(w4) == n_w4
 
 
 def _scratch_program():
