@@ -6,7 +6,9 @@ layout into the step's input slot, then ``matmul`` with acc=0 on the first K til
 When the result is f32 the matmul accumulates straight into the output slot; otherwise it
 accumulates into a persistent f32 buffer and a ``vun copy`` rounds the finished tile once into
 the output slot.  The last K step stores the output tile.  Products are the interpreter's
-``matmul_tile`` calls on the same tiles, so the result is bit-exact with it.
+``matmul_tile`` calls on the same tiles, so the result is bit-exact with it.  When B is one
+matrix (``MatMulOp.folds_rows``) the rows of every batch of A form M, one "batch" whose row tiles
+may span several: each B tile is loaded once per row tile, not once per batch.
 
 With an *epilogue* (``fusion.FusionGroup``: elementwise ops consuming the product) the product
 always accumulates in the f32 buffer; after the last K tile the kernel rounds it to the matmul's
@@ -53,17 +55,28 @@ def matmul_sram_bytes(tm: int, tn: int, tk: int, in_dtype: str, out_dtype: str, 
     return total + (align_up(tm * tn * 4, align) if acc else 0)
 
 
+def _rows(op: MatMulOp) -> int:
+    """M of the op's tiles: all rows of ``a`` when ``b`` is one matrix (``MatMulOp.folds_rows``),
+    else the rows of one batch."""
+    at = op.operands[0].type
+    return math.prod(at.shape[:-1]) if op.folds_rows() else at.shape[-2]
+
+
 def _tile_tm_tn(op: MatMulOp) -> tuple[int, int]:
-    m, n = op.operands[0].type.shape[-2], op.result.type.shape[-1]
+    m, n = _rows(op), op.result.type.shape[-1]
     tile = list(op.attrs["tile"]) or [0, 0, 0]
     return min(tile[0] or m, m), min(tile[1] or n, n)
 
 
-def _other_shape(e: EpilogueOp, tm: int, tn: int, out_shape: tuple[int, ...]) -> tuple[int, int, list[int]]:
+def _other_shape(e: EpilogueOp, tm: int, tn: int, out_shape: tuple[int, ...],
+                 folded: bool = False) -> tuple[int, int, list[int]]:  # fmt: skip
     """Rows and columns of the tile of ``e.other`` read for a ``tm`` x ``tn`` output tile, and its
-    element strides over ``out_shape`` (0 along broadcast dims)."""
+    element strides over ``out_shape`` (0 along broadcast dims).  With ``folded`` rows (the
+    output's batch dims are part of the tile's rows) a tile has one row only when ``e.other`` is
+    broadcast along every row dim."""
     st = broadcast_strides(e.other.type.shape, out_shape)
-    return (tm if st[-2] else 1), (tn if st[-1] else 1), st
+    rows_vary = any(st[:-1]) if folded else bool(st[-2])
+    return (tm if rows_vary else 1), (tn if st[-1] else 1), st
 
 
 def epilogue_sram_bytes(op: MatMulOp, epilogue: Sequence[EpilogueOp], slots: tuple[int, int], align: int,
@@ -82,7 +95,7 @@ def epilogue_sram_bytes(op: MatMulOp, epilogue: Sequence[EpilogueOp], slots: tup
     total = matmul_sram_bytes(tm, tn, tk, es, fs, True, slots, align)
     for i, e in enumerate(epilogue):
         if e.other is not None and (loaded is None or loaded[i]):
-            r, c, _ = _other_shape(e, tm, tn, ct.shape)
+            r, c, _ = _other_shape(e, tm, tn, ct.shape, op.folds_rows())
             total += slots[0] * align_up(tile_bytes(e.other.type.dtype.name, r, c), align)
     if ct.dtype.name != "f32" or len(epilogue) > 1:
         total += align_up(tm * tn * 4, align)
@@ -110,9 +123,11 @@ def matmul_kernel(op: MatMulOp, ctx: LoweringContext, epilogue: Sequence[Epilogu
     c_addr, ct = ctx.dram(final)
     mt = op.result.type  # the product (same shape as the chain's values)
     trans_b = bool(op.attrs["trans_b"])
-    m, k = at.shape[-2:]
-    n = ct.shape[-1]
-    out_batch = ct.shape[:-2]
+    k, n = at.shape[-1], ct.shape[-1]
+    folded = op.folds_rows()
+    # one weight matrix: the rows of every batch of a (dense, a's batch is the result's) form M,
+    # so each B tile is loaded once per (i, j, k) tile of all rows, not once per batch
+    m, out_batch = (math.prod(at.shape[:-1]), ()) if folded else (at.shape[-2], ct.shape[:-2])
     if k == 0:
         raise UnsupportedError(f"{op.describe()}: a matmul with an empty contraction (K = 0) is not lowered")
     if m == 0 or n == 0 or math.prod(out_batch) == 0:
@@ -146,7 +161,7 @@ def matmul_kernel(op: MatMulOp, ctx: LoweringContext, epilogue: Sequence[Epilogu
     other_rings = {}
     for i, e in enumerate(epilogue):
         if loaded[i]:
-            r_, c_, _ = _other_shape(e, tm, tn, mt.shape)
+            r_, c_, _ = _other_shape(e, tm, tn, mt.shape, folded)
             other_rings[i] = arena.ring(slots, r_ * c_ * e.other.type.dtype.bits // 8, f"epilogue {i} tile")
     o_ring = arena.ring(ctx.out_slots, tm * tn * os_, "output tile")
     acc_buf = None if direct else arena.alloc(tm * tn * 4, "f32 accumulator")
@@ -155,8 +170,8 @@ def matmul_kernel(op: MatMulOp, ctx: LoweringContext, epilogue: Sequence[Epilogu
         if epilogue and (out_dt != "f32" or len(epilogue) > 1)
         else None
     )
-    a_off = batch_offsets(at.shape[:-2], out_batch) * (m * k)
-    b_off = batch_offsets(bt.shape[:-2], out_batch) * (n * k)
+    a_off = batch_offsets(() if folded else at.shape[:-2], out_batch) * (m * k)
+    b_off = batch_offsets(() if folded else bt.shape[:-2], out_batch) * (n * k)
     em = ctx.emitter
     epi = _Epilogue(ctx, op, epilogue, imms, other_rings, acc_buf, work) if epilogue else None
 
@@ -206,6 +221,11 @@ def matmul_kernel(op: MatMulOp, ctx: LoweringContext, epilogue: Sequence[Epilogu
     return kernel
 
 
+def _runs(i0: int, mm: int, m: int) -> list[int]:
+    """First folded row of each run of rows ``i0 .. i0 + mm - 1`` lying in one batch of ``m`` rows."""
+    return [i0, *range((i0 // m + 1) * m, i0 + mm, m)]
+
+
 class _Epilogue:
     """Builds the epilogue of one fused matmul kernel: per output tile, the loads of the other
     operands' tiles and the compute chain (see the module doc)."""
@@ -216,30 +236,41 @@ class _Epilogue:
         self.acc, self.work = acc, work
         shape = op.result.type.shape
         self.batch_shape = shape[:-2]
+        self.folded = op.folds_rows()  # tile rows run over all batches (``MatMulOp.folds_rows``)
+        self.m = shape[-2]  # rows of one batch
         self.strides = {i: _other_shape(epilogue[i], 1, 1, shape)[2] for i in rings}
+        self.rows_vary = {i: _other_shape(epilogue[i], 2, 1, shape, self.folded)[0] > 1 for i in rings}
         self.debug: dict[int, dict] = {}
 
     def loads(self, r: int, bi: int, i0: int, j0: int, mm: int, nn: int) -> list:
         """Loads of the other operands' tiles for output tile (batch ``bi``, rows i0.., cols j0..)
         into input slot ``r``."""
         out = []
-        idx = np.unravel_index(bi, self.batch_shape) if self.batch_shape else ()
         for i, ring in self.rings.items():
             e, st = self.epilogue[i], self.strides[i]
             addr, t = self.ctx.dram(e.other)
             esz = t.dtype.bits // 8
             sr, sc = st[-2], st[-1]
-            base = (
-                addr + (sum(int(a) * s for a, s in zip(idx, st[:-2], strict=True)) + i0 * sr + j0 * sc) * esz
-            )
-            rows, row_bytes = (mm if sr else 1), (nn if sc else 1) * esz
-            with self.ctx.emitter.node(e.op) as dctx:
-                instr = self.ctx.emitter.emit(
-                    "load", dram=base, sram=ring.addr(r), rows=rows, row_bytes=row_bytes,
-                    dram_stride=sr * esz if sr else row_bytes, sram_stride=row_bytes,
-                )  # fmt: skip
-            self.debug[id(instr)] = dict(dctx)
-            out.append(instr)
+            row_bytes = (nn if sc else 1) * esz
+            # (batch index, first row in it, rows, SRAM row) of each run of tile rows in one batch
+            if not self.folded:
+                segs = [(bi, i0, mm if sr else 1, 0)]
+            elif not self.rows_vary[i]:
+                segs = [(0, 0, 1, 0)]
+            else:
+                segs = [(q // self.m, q % self.m, min(self.m - q % self.m, i0 + mm - q), q - i0)
+                        for q in _runs(i0, mm, self.m)]  # fmt: skip
+            for b, row0, rows, srow in segs:
+                idx = np.unravel_index(b, self.batch_shape) if self.batch_shape else ()
+                off = sum(int(a) * s for a, s in zip(idx, st[:-2], strict=True)) + row0 * sr + j0 * sc
+                with self.ctx.emitter.node(e.op) as dctx:
+                    instr = self.ctx.emitter.emit(
+                        "load", dram=addr + off * esz, sram=ring.addr(r) + srow * row_bytes, rows=rows,
+                        row_bytes=row_bytes, dram_stride=sr * esz if sr or rows > 1 else row_bytes,
+                        sram_stride=row_bytes,
+                    )  # fmt: skip
+                self.debug[id(instr)] = dict(dctx)
+                out.append(instr)
         return out
 
     def computes(self, r: int, o_slot: int, mm: int, nn: int) -> list:
@@ -268,7 +299,8 @@ class _Epilogue:
                     )
                 else:
                     st = self.strides[i]
-                    other = dict(addr=self.rings[i].addr(r), stride=(nn if st[-1] else 1) if st[-2] else 0,
+                    vary = self.rows_vary[i] if self.folded else st[-2]
+                    other = dict(addr=self.rings[i].addr(r), stride=(nn if st[-1] else 1) if vary else 0,
                                  bcast=0 if st[-1] else 1)  # fmt: skip
                     chain = dict(addr=cur, stride=nn, bcast=0)
                     x, y = (chain, other) if e.chain_index == 0 else (other, chain)

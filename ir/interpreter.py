@@ -239,6 +239,10 @@ def _matmul(op, args):
     m, k = a.shape[-2:]
     n = b.shape[-2] if trans_b else b.shape[-1]
     batch = op.result.type.shape[:-2]
+    if op.folds_rows():  # one weight matrix: every batch row of a is a row of one [rows, K] product
+        b2 = b.reshape(b.shape[-2:])
+        acc2 = nx.matmul_2d(a.reshape(prod(a.shape[:-1]), k), b2.T if trans_b else b2, tile)
+        return [nx.cast(acc2.reshape(op.result.type.shape), _out(op))]
     a3 = np.broadcast_to(a, (*batch, *a.shape[-2:])).reshape(-1, m, k)
     b3 = np.broadcast_to(b, (*batch, *b.shape[-2:])).reshape(-1, *b.shape[-2:])
     acc = np.empty((a3.shape[0], m, n), dtype=np.float32)

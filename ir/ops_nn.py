@@ -8,6 +8,8 @@ against the operand's rank.
 
 from __future__ import annotations
 
+import math
+
 from mcpc.ir.core import Attr, Operation
 from mcpc.ir.dtypes import I64
 from mcpc.ir.ops_core import broadcast_shapes, normalize_axis
@@ -47,6 +49,9 @@ class MatMulOp(OutDtypeOfA):
     ``[batch..., M, N]`` of dtype ``out`` (default: the operand dtype): every product is
     accumulated in f32 in the order of ``numerics.matmul_2d`` with ``tile`` (``[]`` or
     ``[tm, tn, tk]``, 0 meaning the whole dim, set by the backend's tiling pass) and rounded once.
+    When ``b`` holds one matrix (no batch dim above 1, ``folds_rows``) the rows of every batch of
+    ``a`` form M, as for ``mcp.matmul_w4a16``: the tiles run over ``[prod(batch)·M, K]``, so a
+    kernel streams the weight once for all batch rows.
     """
 
     name = "mcp.matmul"
@@ -83,6 +88,11 @@ class MatMulOp(OutDtypeOfA):
         tile = list(self.attrs["tile"])
         if tile and (len(tile) != 3 or any(t < 0 for t in tile)):
             raise ValueError(f"tile must be [] or [tm, tn, tk] with non-negative ints, got {tile}")
+
+    def folds_rows(self) -> bool:
+        """Whether ``b`` is one matrix (every batch dim 1 or none), so the rows of all batches of
+        ``a`` (never broadcast then: its batch has the result's size) form one [rows, K] matrix."""
+        return math.prod(self.operands[1].type.shape[:-2]) == 1
 
 
 class SoftmaxOp(Operation):

@@ -13,6 +13,8 @@ step's loads overlap this step's compute; each output tile is stored once):
 * total ≈ max(Σ compute, Σ DRAM, Σ step) + the first load, the last compute and the last store
   (which nothing overlaps) + two DRAM latencies,
 
+with M all the rows of A when B is one matrix (``MatMulOp.folds_rows``: one weight, batched
+activations), as for ``mcp.matmul_w4a16``, else one batch's rows times the batch count,
 over tiles that are multiples of the systolic array (tm of ``array_rows``, tn of ``array_cols``,
 tk of 64 elements) and split each dim into near-equal parts, restricted to tiles whose double
 buffered slots (2 × (A + B) + 2 × output + an f32 accumulator when the output is not f32) fit
@@ -190,6 +192,8 @@ class TileMatmulPass(Pass):
             elif isinstance(op, MatMulOp):
                 a, weight = op.operands[0].type, None
                 m, batch = a.shape[-2], math.prod(op.result.type.shape[:-2])
+                if op.folds_rows():  # one weight matrix: all rows of a form M
+                    m, batch = m * batch, 1
             else:
                 continue
             out = op.result.type

@@ -74,6 +74,12 @@ def _batched_f32_out(fn, a, mm, dt):
     return [fn.append(ops.MaxOp([y, const(fn, np.array(-0.25, dtype=np.float32))])).result]
 
 
+def _per_batch_row(fn, a, mm, dt):
+    x, w, res, full = a
+    y = fn.append(ops.SubOp([mm(x, w), res])).result  # one row per batch: stride 0 within a batch
+    return [fn.append(ops.MulOp([full, y])).result]  # a whole [batch, rows, N] operand
+
+
 CASES = {
     "bias_gelu": (_bias_gelu, lambda d: [("x", (40, 48), d), ("w", (48, 72), d)]),
     "scale_residual": (
@@ -84,6 +90,12 @@ CASES = {
     ),
     "batched_f32_out": (
         _batched_f32_out, lambda d: [("x", (3, 40, 48), d), ("w", (48, 72), d), ("r", (1, 40, 72), "f32")]
+    ),
+    # one weight matrix: the tiles' rows (16) run across the batches' 40 rows, so the epilogue
+    # operands' tiles are loaded batch by batch
+    "per_batch_row": (
+        _per_batch_row,
+        lambda d: [("x", (3, 40, 48), d), ("w", (48, 72), d), ("r", (3, 1, 72), d), ("f", (3, 40, 72), d)],
     ),
 }  # fmt: skip
 

@@ -94,3 +94,21 @@ def test_batched_calls_cost_the_same_timing_only():
         session.run(inputs, entry=entry, registers={"kv_blocks": used}, timing_only=True)
         assert session.last_profile["cycles"] == cycles[-1], (entry, past)
     assert cycles[2] > cycles[1]
+
+
+def test_batched_decode_reads_the_weights_once():
+    """A ``--max-batch 8`` build: every projection's weight is one matrix, so a decode step of 8
+    sequences streams the weights once for all batch rows (DRAM bytes ~ weights + KV, not 8x the
+    weights) and costs about what one sequence costs."""
+    from mcpc.serve.program import measurer
+
+    built = mcpc.compile(
+        str(DECODERS / RECORDS["llama"]["file"]), qat_config="fp32",
+        decoder=DecoderBuild(max_seq=128, max_batch=8),
+    )  # fmt: skip
+    weights = len(built.program.constants)  # every constant (the embedding table is only gathered)
+    measure = measurer(Session(built), "llama")
+    one, eight = measure("decode", 1, 64), measure("decode", 8, 64)
+    assert eight.dram_bytes < 1.5 * weights, (eight.dram_bytes, weights)
+    assert eight.dram_bytes - one.dram_bytes < 0.5 * weights  # 7 more sequences' KV and activations
+    assert float(eight) < 1.2 * float(one), (float(one), float(eight))
