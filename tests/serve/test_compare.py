@@ -93,7 +93,11 @@ def test_memory_breakdown_adds_up(builds):
     # (what the entries read back) are the same f16 in both
     assert r["base"]["program"]["kv_block_bytes"] == 2 * 2 * 2 * 64 * 16 * 2
     assert r["opt"]["program"]["kv_block_bytes"] < 0.65 * r["base"]["program"]["kv_block_bytes"]
-    assert r["opt"]["memory"]["kv_pool_bytes"] == r["base"]["memory"]["kv_pool_bytes"]
+    # the compressing build reserves its plain cache globals (the block being filled is read from
+    # them) plus the pool its full blocks are stored in, sized for the worst case, and its descriptors
+    layout = load_program(opt).meta["decoder"]["kv_pool"]
+    reserved = r["base"]["memory"]["kv_pool_bytes"] + layout["pool_bytes"] + layout["desc_bytes"]
+    assert reserved <= r["opt"]["memory"]["kv_pool_bytes"] <= reserved + 64
     assert r["opt"]["memory"]["weights_bytes"] < 0.6 * r["base"]["memory"]["weights_bytes"]
 
 
