@@ -1,4 +1,4 @@
-"""MiniLM-L3 quantized: the W4A16 build's IR (every MatMul weight int4, 4.625 bits per weight) and
+"""MiniLM-L3 quantized: the W4A16 build's IR (every MatMul weight int4, at most 4.625 bits per weight) and
 its ONNX export, which ONNX Runtime runs to our interpreter's output within float rounding and
 close to the fp32 model.  Slow (a few seconds of interpreter work on a quiet machine)."""
 
@@ -35,7 +35,10 @@ def test_w4a16_minilm_export_runs_in_onnx_runtime(model_path, tmp_path):
     result = driver.export_onnx(model_path, "qat_w4a16.yaml", out, dims=dims)
     deqs = [op for op in result.module.walk() if isinstance(op, ops.DequantizeOp)]
     assert len(deqs) == 18 and {str(d.operands[0].type.dtype) for d in deqs} == {"i4"}
-    assert result.report["weights"]["after"]["bits_per_weight"] == pytest.approx(4.625)
+    # 4 bits a code + an f16 scale per 32 (4.5) + the 4-bit zero points, which the constant pool (and
+    # so the weight statistics) stores once per distinct content: a symmetric build's zero points are
+    # all the same, so same-shaped weights share one array (4.625 when every weight kept its own)
+    assert 4.5 < result.report["weights"]["after"]["bits_per_weight"] <= 4.625
     options = ort.SessionOptions()
     options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
     quantized = ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"])
