@@ -169,6 +169,20 @@ def _render_replicas(result: dict, console) -> None:
     console.print(table)
 
 
+def run_summary(sim, spec, workload_path: Path, shape, info: dict) -> dict:
+    """The JSON summary of a finished run: ``summarize``'s metrics plus where its costs came from
+    (``cost``), the workload file and seed, and the served shape."""
+    from mcpc.serve import summarize
+
+    result = summarize(sim, spec.slo)
+    result["cost"] = info
+    result["workload"] = {"file": workload_path.name, "seed": spec.seed}
+    result["shape"] = {
+        k: getattr(shape, k) for k in ("max_batch", "max_seq", "prefill_chunk", "kv_blocks", "block")
+    }
+    return result
+
+
 @click.command("serve", cls=GuardedCommand)
 @click.argument("source", type=click.Path(path_type=Path, dir_okay=False, exists=True))
 @click.option(
@@ -210,7 +224,7 @@ def serve_command(
     """Simulate serving a workload on SOURCE: a decoder program (.mcpb, mcp-compile --max-seq) or a
     cost file (kind: analytic or cost_grid)."""
     from mcpc.fileio import write_atomic
-    from mcpc.serve import Simulator, chrome_trace, load_policy, load_workload, summarize
+    from mcpc.serve import Simulator, chrome_trace, load_policy, load_workload
 
     spec, requests = load_workload(workload_path)
     cost, shape, info = _costs(source, cost_grid, exact, grid_points)
@@ -223,12 +237,7 @@ def serve_command(
         sim = Simulator(requests, cost, shape, load_policy(policy_path, shape))
     with _progress("serving") as tick:
         sim.run(progress=tick)
-    result = summarize(sim, spec.slo)
-    result["cost"] = info
-    result["workload"] = {"file": workload_path.name, "seed": spec.seed}
-    result["shape"] = {
-        k: getattr(shape, k) for k in ("max_batch", "max_seq", "prefill_chunk", "kv_blocks", "block")
-    }
+    result = run_summary(sim, spec, workload_path, shape, info)
     from mcpc.serve.metrics import per_request, timeline
 
     result["per_request"], result["timeline"] = per_request(sim), timeline(sim)

@@ -106,8 +106,8 @@ def memory_breakdown(loaded, kv_peak_bytes: int) -> dict:
 
 def serve_side(side: Side, workload_path: Path, policy_path, exact: bool, points: int, progress) -> dict:
     """Serve the workload on one build: the ``sim serve`` result JSON plus ``memory`` and ``program``."""
-    from mcpc.serve import Simulator, load_policy, load_workload, summarize
-    from mcpc.serve.cli import _costs
+    from mcpc.serve import Simulator, load_policy, load_workload
+    from mcpc.serve.cli import _costs, run_summary
 
     spec, requests = load_workload(workload_path)
     cost, shape, info = _costs(side.path, None, exact, points)
@@ -115,12 +115,7 @@ def serve_side(side: Side, workload_path: Path, policy_path, exact: bool, points
     sim = Simulator(requests, cost, shape, policy)
     with progress(f"serving on {side.path.name}") as tick:
         sim.run(progress=tick)
-    result = summarize(sim, spec.slo)
-    result["cost"] = info
-    result["workload"] = {"file": workload_path.name, "seed": spec.seed}
-    result["shape"] = {
-        k: getattr(shape, k) for k in ("max_batch", "max_seq", "prefill_chunk", "kv_blocks", "block")
-    }
+    result = run_summary(sim, spec, workload_path, shape, info)
     result["program"] = {
         "file": side.path.name,
         "target": side.loaded.target.name,
