@@ -7,10 +7,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -193,11 +195,16 @@ def ray_head():
     """A Ray head on loopback with 2 CPUs, started here in its own session; yields its address."""
     require_extra("ray", "ray")
     port = _free_port()
+    # a home of its own: Ray keeps an auth token under ~/.ray, and one left there by an earlier Ray
+    # session of the same user makes the new head refuse the sweep's connection
+    home = tempfile.mkdtemp(prefix="mcpc-ray-home-")
+    env = {**os.environ, "HOME": home}
     head = subprocess.Popen(
         [str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
          "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env,
     )  # fmt: skip
+    head.env = env
     try:
         yield f"127.0.0.1:{port}", head
     finally:
@@ -207,6 +214,7 @@ def ray_head():
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait(30)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +227,7 @@ def _sweep_on_ray(args: list[str], address: str, head: subprocess.Popen) -> subp
     cmd = [str(BIN / "mcpc"), "sweep", *args, "--ray-address", address]
     deadline = time.monotonic() + 180
     while True:  # the head takes a while to come up; until then the sweep says it cannot connect
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=head.env)
         if done.returncode == 0 or time.monotonic() > deadline or head.poll() is not None:
             return done
         assert "cannot connect" in done.stderr, done.stderr
