@@ -95,3 +95,27 @@ def ref_greedy(prompt: list[int], n: int) -> list[int]:
         out.append(int(np.argmax(ref_logits(tuple(hist)))))
         hist.append(out[-1])
     return out
+
+
+class InterpreterSession:
+    """The IR interpreter on a compiled decoder module behind DecoderSession's Session interface:
+    the program's metadata (``program``, default the Session's), and the module state as the
+    persistent buffers, so what the host writes there (stored KV blocks) is what the next call reads."""
+
+    def __init__(self, built, program=None):
+        from mcpc.ir.interpreter import ModuleState
+        from mcpc.sim.session import Session
+
+        self.module, self.state = built.module, ModuleState(built.module)
+        self.program = program if program is not None else Session(built).program
+        self.last_profile = None
+
+    def run(self, inputs, entry, registers, timing_only=False):
+        from mcpc.ir.interpreter import interpret
+
+        out = interpret(self.module, inputs, entry, self.state, registers)
+        self.last_profile = {"cycles": 0, "ir_ops": []}
+        return out
+
+    def persistent_view(self, name):
+        return self.state.globals[name].reshape(-1)

@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from decoder_contract import InterpreterSession
 from decoder_models import make_decoder
 
 import mcpc
@@ -197,35 +198,13 @@ def test_sim_eval_ppl_reports_the_stored_cache(llama_builds, tmp_path):
     assert report["kv_store"]["settings"]["policy"] == "heavy_hitter" and report["kv_bytes"] > 0
 
 
-class _InterpreterSession:
-    """The IR interpreter on the compiled module behind DecoderSession's Session interface: the same
-    program metadata, module state as the persistent buffers (so the stored blocks are read back
-    into the interpreter's cache globals)."""
-
-    def __init__(self, built, loaded):
-        from mcpc.ir.interpreter import ModuleState
-
-        self.module, self.program, self.state = built.module, loaded, ModuleState(built.module)
-        self.last_profile = None
-
-    def run(self, inputs, entry, registers, timing_only=False):
-        from mcpc.ir.interpreter import interpret
-
-        out = interpret(self.module, inputs, entry, self.state, registers)
-        self.last_profile = {"cycles": 0, "ir_ops": []}
-        return out
-
-    def persistent_view(self, name):
-        return self.state.globals[name].reshape(-1)
-
-
 @pytest.mark.parametrize("build", ["int8", "heavy_hitter"])
 def test_interpreter_and_simulator_are_bit_exact_with_a_stored_cache(llama_builds, build):
     from mcpc.sim.session import Session
 
     built = llama_builds[build]
     sim = DecoderSession(built)
-    ref = DecoderSession(_InterpreterSession(built, Session(built).program))
+    ref = DecoderSession(InterpreterSession(built, Session(built).program))
     prompt = [int(t) for t in TOKENS[:70]]
     logits = []
     for dec in (sim, ref):

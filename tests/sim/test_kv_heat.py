@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from decoder_contract import InterpreterSession
 
 import mcpc
 import mcpc.sim.kv_store as kv_store
@@ -20,7 +21,6 @@ from mcpc.kv import KvSettings, dynamic_window_left, heat_entropy, keep_count
 from mcpc.kv.policies import apportion, heavy_hitter
 from mcpc.qat_configs.kv_cache import KvCache, with_kv_flags
 from mcpc.sim.decoder import DecoderSession, _narrow_windows
-from mcpc.sim.session import Session
 
 DECODERS = Path(__file__).parents[1] / "llm" / "decoders"
 LLAMA = json.loads((DECODERS / "decoders.json").read_text())["models"]["llama"]
@@ -46,27 +46,6 @@ def builds():
         "topk_entropy": _build(("int8", 0.7, "topk_entropy")),
         "window": _build(window=8),
     }
-
-
-class _Interpreter:
-    """The IR interpreter on the compiled module behind DecoderSession's Session interface."""
-
-    def __init__(self, built):
-        from mcpc.ir.interpreter import ModuleState
-
-        self.module, self.state = built.module, ModuleState(built.module)
-        self.program = Session(built).program
-        self.last_profile = None
-
-    def run(self, inputs, entry, registers, timing_only=False):
-        from mcpc.ir.interpreter import interpret
-
-        out = interpret(self.module, inputs, entry, self.state, registers)
-        self.last_profile = {"cycles": 0, "ir_ops": []}
-        return out
-
-    def persistent_view(self, name):
-        return self.state.globals[name].reshape(-1)
 
 
 def _steps(dec, n_decode=5, prompt=PROMPT):
@@ -96,7 +75,7 @@ def test_meta_names_the_heat_only_for_builds_that_read_the_attention(builds):
 
 def test_accumulated_heat_is_the_interpreters_and_sums_to_the_query_rows(builds):
     built = builds["heavy_hitter"]
-    sim, ref = DecoderSession(built), DecoderSession(_Interpreter(built))
+    sim, ref = DecoderSession(built), DecoderSession(InterpreterSession(built))
     seqs = [_steps(dec) for dec in (sim, ref)]
     got, want = sim.heat.seqs[seqs[0]], ref.heat.seqs[seqs[1]]
     np.testing.assert_array_equal(got, want)
