@@ -167,7 +167,9 @@ class QatConfig(_Section):
 
 def _describe(err: dict) -> str:
     """One pydantic error as ``key.path: message``, in the words a config author needs."""
-    loc = ".".join(str(p) for p in err["loc"] if p != "__root__") or "(top level)"
+    # a validator's own step (``function-after[...]``) is not a key the author wrote
+    loc = ".".join(str(p) for p in err["loc"] if p != "__root__" and not str(p).startswith("function-"))
+    loc = loc or "(top level)"
     kind, msg = err["type"], err["msg"]
     if kind == "extra_forbidden":
         msg = "unknown key"

@@ -9,25 +9,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from mcpc.errors import ConfigError
-from mcpc.qat_configs.schema import parse_yaml_mapping
+from mcpc.qat_configs.schema import _describe, parse_yaml_mapping
 
 
 class Section(BaseModel):
     """A config mapping: unknown keys are errors (a typo must never be a silently ignored setting)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _describe(err: dict) -> str:
-    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-")) or "(top level)"
-    kind, msg = err["type"], err["msg"]
-    if kind == "extra_forbidden":
-        msg = "unknown key"
-    elif kind == "missing":
-        msg = "missing required key"
-    elif kind == "value_error":
-        msg = str(err.get("ctx", {}).get("error", msg))
-    return f"{loc}: {msg}"
 
 
 def load_yaml(path: Path, what: str) -> dict:

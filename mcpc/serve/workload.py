@@ -101,29 +101,27 @@ class Fixed(Section):
     value: int = Field(ge=1)
 
 
-class Uniform(Section):
+class _Range(Section):
+    """A length drawn between ``min`` and ``max`` (inclusive), which must be in order."""
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.max < self.min:
+            raise ValueError(f"max {self.max} is below min {self.min}")
+        return self
+
+
+class Uniform(_Range):
     dist: Literal["uniform"]
     min: int = Field(ge=1)
     max: int = Field(ge=1)
 
-    @model_validator(mode="after")
-    def _order(self):
-        if self.max < self.min:
-            raise ValueError(f"max {self.max} is below min {self.min}")
-        return self
 
-
-class Zipf(Section):
+class Zipf(_Range):
     dist: Literal["zipf"]
     a: float = Field(gt=0)
     min: int = Field(default=1, ge=1)
     max: int = Field(ge=1)
-
-    @model_validator(mode="after")
-    def _order(self):
-        if self.max < self.min:
-            raise ValueError(f"max {self.max} is below min {self.min}")
-        return self
 
 
 class FromTrace(Section):
