@@ -350,9 +350,11 @@ class DecoderSession:
         if self.heat is not None:
             blk, done = self.meta.block, []
             used_before = 0  # the sequence's first row in the gathered buffer (step_inputs' kv_start)
-            for seq, it in zip(seqs, items, strict=True):
-                total = it.past + len(it.tokens)
-                done.append((seq, used_before * blk, total))
+            for b, (seq, it) in enumerate(zip(seqs, items, strict=True)):
+                total, base = it.past + len(it.tokens), used_before * blk
+                r = b * rows + np.arange(len(it.tokens))  # the rows' attended spans [left, pos]
+                left = inputs["kv_start"][r].astype(np.int64) - base
+                done.append((seq, base, total, np.stack([left, it.past + np.arange(len(it.tokens))], 1)))
                 used_before += -(-total // blk)
             self.heat.after_call(done)
         if self.compressed is not None:
