@@ -189,6 +189,14 @@ def test_the_dynamic_window_narrows_each_row_by_the_heat_rule(builds, monkeypatc
     np.testing.assert_allclose(added.sum(axis=2), 1.0, rtol=1e-4)
     seen = dec.heat.counts[seq] - counts_before  # the decode row counts only where it attended
     assert not seen[:want].any() and (seen[want:41] == 1).all()
+    # the report says where the window put every row (eval-ppl / generate --json "dynamic_window")
+    assert dec.steps[-1]["window"] == ([want], [41 - want])
+    lefts = [e for s in dec.steps for e in s["window"][0]]
+    report = dec._timing(dec.steps)["dynamic_window"]
+    assert report["rows"] == 41 and report["max_left"] == max(lefts) >= want
+    assert report["narrowed_rows"] == sum(e > 0 for e in lefts) >= 1
+    assert report["mean_left"] == pytest.approx(np.mean(lefts))
+    assert report["mean_width"] == pytest.approx(np.mean([p + 1 - e for p, e in enumerate(lefts)]))
 
 
 def test_timing_only_runs_have_no_heat_and_attend_every_position(builds):
@@ -203,6 +211,7 @@ def test_timing_only_runs_have_no_heat_and_attend_every_position(builds):
         dec.decode([seq], [1])
         cycles.append([s["cycles"] for s in dec.steps])
     assert cycles[0] == cycles[1]
+    assert full._timing(full.steps)["dynamic_window"] is None  # no window in this build
     assert timed.heat.seqs == {} and timed.heat.window_left(0, 50) == 0
 
 
