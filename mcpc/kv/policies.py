@@ -212,7 +212,7 @@ def heat_entropy(heat: np.ndarray, kv_heads: int) -> np.ndarray:
 
 def dynamic_window_left(heat: np.ndarray, min_window: int, factor: float = HEAT_FACTOR) -> int:
     """The seed's dynamic attention window for the query at position ``pos = len(heat) - 1``:
-    ``heat`` [pos + 1] the heat of positions 0..pos (on the served path ``relative_heat``, summed
+    ``heat`` [pos + 1] the heat of positions 0..pos (on the served path ``relative_heat``, the mean
     over layers and query heads).  The left edge is the
     furthest (smallest) position whose heat >= ``factor`` x the mean heat of the last
     ``min_window`` positions, and never right of ``pos - min_window + 1`` (the window keeps at
