@@ -37,6 +37,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         )
         cal = q["calibration"]
         cal_text = "none" if cal is None else f"{cal['samples']} samples from {cal['source']}"
+        if cal is not None and "tokens" in cal:  # a decoder build's token windows
+            cal_text = f"{cal['samples']} windows ({cal['tokens']:,} tokens) from {cal['source']}"
         lines.append(f"quantization: {said}; calibration: {cal_text}")
         kept = list({r["weight"]: r for r in rows if r["algorithm"] == "none"}.values())  # once a weight
         if kept:

@@ -327,19 +327,51 @@ def collect_inputs(func: Function, layers: list[Layer], calib: CalibrationData, 
     return stats
 
 
+def _stats_of(layers: list[Layer], stats: dict, source: str) -> list:
+    """Per layer the ``InputStats`` collected outside the interpreter (a decoder build's
+    calibration, keyed by matmul loc); a layer none of whose matmuls has them is an InputError."""
+    out = []
+    for layer in layers:
+        found = next((stats[m.loc] for m in layer.matmuls if m.loc in stats), None)
+        if found is None:
+            raise InputError(
+                f"quantize-weights: layer {layer.name!r} (weight {layer.weight_name!r}) has no "
+                f"calibration statistics from {source}: no node of the original graph computes its input"
+            )
+        out.append(found)
+    return out
+
+
 def quantize_function(
-    func: Function, quant, calib: CalibrationData | None, measure: bool = False, float_dtype=None
+    func: Function,
+    quant,
+    calib: CalibrationData | None,
+    measure: bool = False,
+    float_dtype=None,
+    stats=None,
 ):
     """Quantize ``func`` in place per ``quant`` (a ``Quantization``); return its report (JSON-ready)
     and the arrays behind it (per quantized layer its ``Layer``, ``QuantResult`` and float weight;
-    per matmul name the activation (scale, zero point)) for ``mcpc export-onnx``."""
+    per matmul name the activation (scale, zero point)) for ``mcpc export-onnx``.  ``stats`` (a
+    ``DecoderCalibration``) gives the layers' input statistics instead of ``calib``."""
     plan = plan_function(func, quant, calib, measure)
-    algos_needed = {resolve_algorithm(s, calib is not None) for s in plan.settings if s is not None}
+    have_data = calib is not None or stats is not None
+    algos_needed = {resolve_algorithm(s, have_data) for s in plan.settings if s is not None}
     observers: dict[int, Any] = {}
     for m in plan.act_matmuls:
         observers.setdefault(id(m.operands[0]), _observer(quant.calibration))
     xs = None
-    if calib is not None and (algos_needed & {"awq", "gptq"} or observers):
+    if stats is not None:
+        if observers:
+            raise UnsupportedError(
+                "quantize-weights: activation quantization (quantization.activations.where) in a "
+                "decoder build (--max-seq) is not implemented: its calibration collects the weights' "
+                "input statistics only"
+            )
+        quantized = [layer for layer, s in zip(plan.layers, plan.settings, strict=True) if s is not None]
+        found = dict(zip(map(id, quantized), _stats_of(quantized, stats.stats, stats.source), strict=True))
+        xs = [found.get(id(layer)) for layer in plan.layers]
+    elif calib is not None and (algos_needed & {"awq", "gptq"} or observers):
         xs = collect_inputs(func, plan.layers, calib, observers)
     rows, new_for_const, deq_of, details = [], {}, {}, []
     for i, (layer, settings) in enumerate(zip(plan.layers, plan.settings, strict=True)):
@@ -365,12 +397,13 @@ def quantize_function(
             rows.append(row)
             continue
         x = None
-        if resolve_algorithm(settings, calib is not None) in ("awq", "gptq"):
+        if resolve_algorithm(settings, have_data) in ("awq", "gptq"):
             x = xs[i]
             if x.rows == 0:
+                source = calib.source if calib is not None else stats.source
                 raise InputError(
                     f"quantize-weights: layer {layer.name!r} (weight {layer.weight_name!r}) saw no "
-                    f"calibration rows: its input is empty for every batch of {calib.source}; "
+                    f"calibration rows: its input is empty for every batch of {source}; "
                     "give calibration data that reaches it, or select a data-free algorithm (rtn or "
                     "mse) for it under quantization.overrides"
                 )
@@ -516,6 +549,7 @@ class QuantizeWeightsPass(Pass):
                 "quantize-weights: the QAT config has no quantization: section saying how to quantize"
             )
         calib = ctx.notes.get("calibration")
+        stats = ctx.notes.get("calibration_stats")  # a decoder build's (passes/decoder_calib.py)
         kept = None  # the dtype a layer left in float is stored in: the build's
         if ctx.config is not None:
             from mcpc.ir.dtypes import dtype_from_name
@@ -527,6 +561,13 @@ class QuantizeWeightsPass(Pass):
             "calibration": None if calib is None else {"source": calib.source, "samples": calib.samples},
             "functions": {},
         }
+        if stats is not None:
+            if quant.sensitivity is not None or measure:
+                raise UnsupportedError(
+                    "quantize-weights: sensitivity (quantization.sensitivity) in a decoder build "
+                    "(--max-seq) is not implemented: its calibration collects input statistics only"
+                )
+            report["calibration"] = {"source": stats.source, "samples": stats.samples, "tokens": stats.tokens}
         if calib is not None and len(module.functions) > 1:
             raise UnsupportedError(
                 f"quantize-weights: calibration of a module with several functions "
@@ -535,7 +576,9 @@ class QuantizeWeightsPass(Pass):
             )
         for func in module.functions.values():
             data = calib
-            report["functions"][func.name], detail = quantize_function(func, quant, data, measure, kept)
+            report["functions"][func.name], detail = quantize_function(
+                func, quant, data, measure, kept, stats
+            )
             ctx.notes.setdefault("quantized_arrays", {})[func.name] = detail
         ctx.notes["quantization"] = report
         return module
