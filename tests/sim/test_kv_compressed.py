@@ -21,6 +21,7 @@ from mcpc.ir.decoder_import import DecoderBuild
 from mcpc.kv import KvSettings
 from mcpc.kv.pool import DESC, POOL, desc_column
 from mcpc.qat_configs.kv_cache import with_kv_flags
+from mcpc.sim import fastpath
 from mcpc.sim.decoder import DecoderSession
 
 DECODERS = Path(__file__).parents[1] / "llm" / "decoders"
@@ -249,6 +250,9 @@ def test_interpreter_and_simulator_are_bit_exact_with_a_stored_cache(llama_build
             tok = int(got[-1][0].argmax())
         logits.append(np.concatenate([g.reshape(-1) for g in got]))
     np.testing.assert_array_equal(logits[0], logits[1])
+    # the decode steps after the first two ran on the fast path's plan (vattn's heat included)
+    assert (build == "heavy_hitter") == (sim.heat is not None)
+    assert fastpath.state(sim.session.program).plans["decode"] is not None
     blocks = [sim.compressed.blocks[b].data for b in sim.kv.block_table(0)]
     assert blocks == [ref.compressed.blocks[b].data for b in ref.kv.block_table(0)]
 
