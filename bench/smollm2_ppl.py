@@ -67,9 +67,11 @@ def default_onnx() -> Path:
 
 
 def _timed(cmd: list[str], log: Path) -> dict:
-    """Run ``cmd`` (stdout and stderr to ``log``); its wall and CPU seconds.  Exits with the
+    """Run ``cmd`` (stdout and stderr to ``log``); its wall and CPU seconds and the machine's
+    1-minute load average when it started and ended (other jobs slow a row).  Exits with the
     command's status and the end of its log when it fails."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load = os.getloadavg()[0]
     t = time.perf_counter()
     with log.open("w") as f:
         rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
@@ -79,7 +81,8 @@ def _timed(cmd: list[str], log: Path) -> dict:
         tail = log.read_text(errors="replace").strip().splitlines()[-5:]
         sys.exit(f"smollm2_ppl: `{' '.join(cmd)}` failed (exit {rc}):\n" + "\n".join(tail))
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"command": cmd, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
+    loads = [round(load, 1), round(os.getloadavg()[0], 1)]  # 1-minute load average at start and end
+    return {"command": cmd, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "load_avg": loads}
 
 
 def run_row(key: str, flags: list[str], args: argparse.Namespace) -> dict:
@@ -152,6 +155,13 @@ def checks(rows: dict[str, dict], ort: float) -> list[str]:
         x = a["kv_bytes"] / b["kv_bytes"]
         out.append(f"INT8 KV costs <= 1 % perplexity against W4A16: {d:+.2f} % ({'yes' if d <= 1 else 'NO'})")
         out.append(f"INT8 KV makes kv_bytes >= 1.85x smaller: {x:.3f}x ({'yes' if x >= 1.85 else 'NO'})")
+    for key, label, _, _ in ROWS:
+        if key in rows:
+            ev = rows[key]["eval"]
+            load = "–".join(f"{x:g}" for x in ev.get("load_avg", [])) or "?"
+            ok = "yes" if ev["wall_s"] <= 600 else "NO"
+            out.append(f"{label}: the evaluation in <= 600 s of wall time: {ev['wall_s']:.0f} s "
+                       f"at a load average of {load} ({ok})")  # fmt: skip
     return out
 
 
@@ -165,8 +175,8 @@ def markdown(result: dict) -> str:
         f"perplexity {ort:.4f} ({result['ort_source']}). {WEIGHTS_NOTE}",
         "",
         "| build | perplexity | vs ORT fp32 | vs same build without the KV setting | kv_bytes "
-        "| cycles / decode token | eval wall (CPU) | build wall (CPU) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| cycles / decode token | eval wall (CPU) | load avg | build wall (CPU) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for key, label, _, base_key in ROWS:
         r = rows.get(key)
@@ -182,6 +192,7 @@ def markdown(result: dict) -> str:
             f"| {label} | {r['perplexity']:.4f} | {(r['perplexity'] / ort - 1) * 100:+.2f} % | {rel} "
             f"| {r['kv_bytes']:,} | {r['cycles_per_token']:,.0f} "
             f"| {ev['wall_s']:.0f} s ({ev['cpu_s']:.0f} s) "
+            f"| {'–'.join(f'{x:g}' for x in ev.get('load_avg', [])) or '?'} "
             f"| {bd['wall_s']:.0f} s ({bd['cpu_s']:.0f} s) |"
         )
     missing = [label for key, label, _, _ in ROWS if key not in rows]
