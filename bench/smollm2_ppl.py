@@ -11,7 +11,8 @@ reading K/V from the cache in simulated NPU memory): fp32, fp16, W4A16 (``-c qat
 INT8 KV (``-c qat_w4a16_kv8``) and W4A16 + INT8 KV + 70 % sparsity under each policy
 (``--kv-sparsity 0.7 --kv-policy P`` on top of ``qat_w4a16_kv8``).  Both commands run as
 subprocesses and are timed (wall seconds, and the CPU seconds of the process, which a machine
-shared with other jobs does not inflate as much).
+shared with other jobs does not inflate as much, and the load average), with numpy's BLAS on one
+thread (``BLAS_ENV``: the same bits, and no threads spinning against other work).
 
 Columns: perplexity; its change against ONNX Runtime fp32 on the same windows (the recorded
 reference of tests/llm/test_reference_data.py for the default tokens, or ``--ort`` to recompute it
@@ -66,6 +67,12 @@ def default_onnx() -> Path:
     return Path(base) / "mcpc" / "smollm2" / "smollm2-decode.onnx"
 
 
+# BLAS on one thread: numpy's OpenBLAS threads spin against other work on a shared machine (a 1 x 576 x
+# 1536 product took 63 ms on two threads at a load average of 11, 0.6 ms on one); its float32 products
+# split rows and columns across threads, never k, so one thread gives the same bits.
+BLAS_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
 def _timed(cmd: list[str], log: Path) -> dict:
     """Run ``cmd`` (stdout and stderr to ``log``); its wall and CPU seconds and the machine's
     1-minute load average when it started and ended (other jobs slow a row).  Exits with the
@@ -74,7 +81,8 @@ def _timed(cmd: list[str], log: Path) -> dict:
     load = os.getloadavg()[0]
     t = time.perf_counter()
     with log.open("w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+        env = {**os.environ, **BLAS_ENV}
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False, env=env).returncode
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if rc:
@@ -82,7 +90,8 @@ def _timed(cmd: list[str], log: Path) -> dict:
         sys.exit(f"smollm2_ppl: `{' '.join(cmd)}` failed (exit {rc}):\n" + "\n".join(tail))
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     loads = [round(load, 1), round(os.getloadavg()[0], 1)]  # 1-minute load average at start and end
-    return {"command": cmd, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "load_avg": loads}
+    return {"command": cmd, "env": BLAS_ENV, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+            "load_avg": loads}  # fmt: skip
 
 
 def run_row(key: str, flags: list[str], args: argparse.Namespace) -> dict:
@@ -99,6 +108,7 @@ def run_row(key: str, flags: list[str], args: argparse.Namespace) -> dict:
         if (
             record.get("build", {}).get("command") == build_cmd
             and record.get("eval", {}).get("command") == eval_cmd
+            and record["eval"].get("env") == BLAS_ENV
         ):
             print(f"{key}: reused {record_path}", file=sys.stderr)
             return record

@@ -34,6 +34,7 @@ def test_rows_table_and_reuse(tmp_path, capsys):
     for r in rows.values():
         assert r["perplexity"] > 1 and r["cycles_per_token"] > 0 and r["predictions"] == 2 * 23
         assert r["eval"]["wall_s"] > 0 and r["build"]["wall_s"] > 0 and len(r["eval"]["load_avg"]) == 2
+        assert r["eval"]["env"] == {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
         assert "--max-seq" in r["build"]["command"] and "eval-ppl" in r["eval"]["command"]
     assert rows["w4a16_kv8"]["kv_bytes"] < rows["w4a16"]["kv_bytes"]  # INT8 blocks are smaller
     md = (tmp_path / "t.md").read_text()
