@@ -11,7 +11,8 @@ reading K/V from the cache in simulated NPU memory): fp32, fp16, W4A16 (``-c qat
 INT8 KV (``-c qat_w4a16_kv8``) and W4A16 + INT8 KV + 70 % sparsity under each policy
 (``--kv-sparsity 0.7 --kv-policy P`` on top of ``qat_w4a16_kv8``).  Both commands run as
 subprocesses and are timed (wall seconds, and the CPU seconds of the process, which a machine
-shared with other jobs does not inflate as much).
+shared with other jobs does not inflate as much, and the load average), with numpy's BLAS on one
+thread (``BLAS_ENV``: the same bits, and no threads spinning against other work).
 
 Columns: perplexity; its change against ONNX Runtime fp32 on the same windows (the recorded
 reference of tests/llm/test_reference_data.py for the default tokens, or ``--ort`` to recompute it
@@ -66,20 +67,31 @@ def default_onnx() -> Path:
     return Path(base) / "mcpc" / "smollm2" / "smollm2-decode.onnx"
 
 
+# BLAS on one thread: numpy's OpenBLAS threads spin against other work on a shared machine (a 1 x 576 x
+# 1536 product took 63 ms on two threads at a load average of 11, 0.6 ms on one); its float32 products
+# split rows and columns across threads, never k, so one thread gives the same bits.
+BLAS_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
 def _timed(cmd: list[str], log: Path) -> dict:
-    """Run ``cmd`` (stdout and stderr to ``log``); its wall and CPU seconds.  Exits with the
+    """Run ``cmd`` (stdout and stderr to ``log``); its wall and CPU seconds and the machine's
+    1-minute load average when it started and ended (other jobs slow a row).  Exits with the
     command's status and the end of its log when it fails."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load = os.getloadavg()[0]
     t = time.perf_counter()
     with log.open("w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
+        env = {**os.environ, **BLAS_ENV}
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False, env=env).returncode
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if rc:
         tail = log.read_text(errors="replace").strip().splitlines()[-5:]
         sys.exit(f"smollm2_ppl: `{' '.join(cmd)}` failed (exit {rc}):\n" + "\n".join(tail))
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"command": cmd, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
+    loads = [round(load, 1), round(os.getloadavg()[0], 1)]  # 1-minute load average at start and end
+    return {"command": cmd, "env": BLAS_ENV, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+            "load_avg": loads}  # fmt: skip
 
 
 def run_row(key: str, flags: list[str], args: argparse.Namespace) -> dict:
@@ -96,6 +108,7 @@ def run_row(key: str, flags: list[str], args: argparse.Namespace) -> dict:
         if (
             record.get("build", {}).get("command") == build_cmd
             and record.get("eval", {}).get("command") == eval_cmd
+            and record["eval"].get("env") == BLAS_ENV
         ):
             print(f"{key}: reused {record_path}", file=sys.stderr)
             return record
@@ -104,8 +117,10 @@ def run_row(key: str, flags: list[str], args: argparse.Namespace) -> dict:
     print(f"{key}: built in {build['wall_s']} s; evaluating ...", file=sys.stderr, flush=True)
     ev = _timed(eval_cmd, work / f"{key}.eval.log")
     report = json.loads(eval_json.read_text())
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip() or None  # fmt: skip
     record = {
-        "key": key, "build": build, "eval": ev, "perplexity": report["perplexity"],
+        "key": key, "commit": commit, "build": build, "eval": ev, "perplexity": report["perplexity"],
         "kv_bytes": report["kv_bytes"], "cycles_per_token": report["cycles_per_token"],
         "latency_us_per_token": report.get("latency_us_per_token"),
         "roofline_us_per_token": report.get("roofline_us_per_token"), "predictions": report["predictions"],
@@ -152,6 +167,13 @@ def checks(rows: dict[str, dict], ort: float) -> list[str]:
         x = a["kv_bytes"] / b["kv_bytes"]
         out.append(f"INT8 KV costs <= 1 % perplexity against W4A16: {d:+.2f} % ({'yes' if d <= 1 else 'NO'})")
         out.append(f"INT8 KV makes kv_bytes >= 1.85x smaller: {x:.3f}x ({'yes' if x >= 1.85 else 'NO'})")
+    for key, label, _, _ in ROWS:
+        if key in rows:
+            ev = rows[key]["eval"]
+            load = "–".join(f"{x:g}" for x in ev.get("load_avg", [])) or "?"
+            ok = "yes" if ev["wall_s"] <= 600 else "NO"
+            out.append(f"{label}: the evaluation in <= 600 s of wall time: {ev['wall_s']:.0f} s "
+                       f"at a load average of {load} ({ok})")  # fmt: skip
     return out
 
 
@@ -165,8 +187,8 @@ def markdown(result: dict) -> str:
         f"perplexity {ort:.4f} ({result['ort_source']}). {WEIGHTS_NOTE}",
         "",
         "| build | perplexity | vs ORT fp32 | vs same build without the KV setting | kv_bytes "
-        "| cycles / decode token | eval wall (CPU) | build wall (CPU) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| cycles / decode token | eval wall (CPU) | load avg | build wall (CPU) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for key, label, _, base_key in ROWS:
         r = rows.get(key)
@@ -182,6 +204,7 @@ def markdown(result: dict) -> str:
             f"| {label} | {r['perplexity']:.4f} | {(r['perplexity'] / ort - 1) * 100:+.2f} % | {rel} "
             f"| {r['kv_bytes']:,} | {r['cycles_per_token']:,.0f} "
             f"| {ev['wall_s']:.0f} s ({ev['cpu_s']:.0f} s) "
+            f"| {'–'.join(f'{x:g}' for x in ev.get('load_avg', [])) or '?'} "
             f"| {bd['wall_s']:.0f} s ({bd['cpu_s']:.0f} s) |"
         )
     missing = [label for key, label, _, _ in ROWS if key not in rows]

@@ -363,11 +363,12 @@ def _replay(program: Any, st: State, order: range) -> Plan:
             _, idx_addr, count, row_bytes, sram = a[:5]
             read(np.ndarray((count, 4), _I32, wid, idx_addr * 4, (16, 4)))
             np.ndarray((count, row_bytes), _I32, wid, sram * 4, (row_bytes * 4, 4))[...] = -1
-        elif fn is ex.VATTN:  # reads q, K, V and the window table, writes its rows
-            (Q, K, V, W, D) = a[0]
+        elif fn is ex.VATTN:  # reads q, K, V and the window table, writes its rows (and its heat)
+            (Q, K, V, W, D, H) = a[0]
             for d in (Q, K, V, W):
                 read(_bytes_of(wid, d))
-            _bytes_of(wid, D)[...] = -1
+            for d in (D,) if H is None else (D, H):
+                _bytes_of(wid, d)[...] = -1
         elif fn is ex.VTOPK:  # two destinations: the values and their indices
             read(_bytes_of(wid, a[0]))
             _bytes_of(wid, a[1])[...] = -1

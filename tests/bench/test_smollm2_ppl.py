@@ -33,13 +33,15 @@ def test_rows_table_and_reuse(tmp_path, capsys):
     assert result["ort_source"].startswith("measured") and result["ort_fp32"] > 1
     for r in rows.values():
         assert r["perplexity"] > 1 and r["cycles_per_token"] > 0 and r["predictions"] == 2 * 23
-        assert r["eval"]["wall_s"] > 0 and r["build"]["wall_s"] > 0
+        assert r["eval"]["wall_s"] > 0 and r["build"]["wall_s"] > 0 and len(r["eval"]["load_avg"]) == 2
+        assert r["eval"]["env"] == {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
         assert "--max-seq" in r["build"]["command"] and "eval-ppl" in r["eval"]["command"]
     assert rows["w4a16_kv8"]["kv_bytes"] < rows["w4a16"]["kv_bytes"]  # INT8 blocks are smaller
     md = (tmp_path / "t.md").read_text()
     assert "Q4_1" in md and "| W4A16 + INT8 KV |" in md
     ratio = rows["w4a16"]["kv_bytes"] / rows["w4a16_kv8"]["kv_bytes"]
     assert f"kv_bytes {ratio:.3f}x smaller" in md
+    assert "W4A16 + INT8 KV: the evaluation in <= 600 s of wall time" in md and "| load avg |" in md
     assert "INT8 KV makes kv_bytes >= 1.85x smaller" in md and "Not measured: fp32, fp16 (Q4_1 weights)" in md
     capsys.readouterr()
     # a second run with --reuse keeps both rows as measured (same figures, nothing rebuilt)

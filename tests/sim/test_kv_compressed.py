@@ -21,6 +21,7 @@ from mcpc.ir.decoder_import import DecoderBuild
 from mcpc.kv import KvSettings
 from mcpc.kv.pool import DESC, POOL, desc_column
 from mcpc.qat_configs.kv_cache import with_kv_flags
+from mcpc.sim import fastpath
 from mcpc.sim.decoder import DecoderSession
 
 DECODERS = Path(__file__).parents[1] / "llm" / "decoders"
@@ -139,6 +140,39 @@ def test_a_flipped_bit_in_the_simulated_dram_pool_is_a_trap_naming_the_block(lla
     assert "not used" in msg
 
 
+def test_a_block_decoded_before_still_traps_once_its_bytes_flip(llama_builds):
+    """kvdecomp keeps a block's decoded rows beside the bytes they came from: steps that read the
+    same bytes give the same logits as steps that decode every block afresh, and a bit flipped in
+    the pool after the block was read (and kept) is still a CRC-8 trap, the flipped bytes never used."""
+    from mcpc.sim import execute
+
+    prompt = [int(t) for t in TOKENS[:64]]
+    dec, fresh = DecoderSession(llama_builds["int8"]), DecoderSession(llama_builds["int8"])
+    kept = [r[4][-3] for r in fresh.session.program.recs if r[3] is execute.KVDECOMP]
+    assert len(kept) == 2 * LLAMA["layers"] * LLAMA["kv_heads"] * 2
+    seq, _ = dec.new_sequence()
+    fseq, _ = fresh.new_sequence()
+    dec.prefill([(seq, prompt)])
+    fresh.prefill([(fseq, prompt)])
+    block = dec.kv.block_table(seq)[0]
+    for t in (1, 2, 3):  # block 0 read by each step: decoded by the first, kept for the others
+        out = dec.decode([seq], [t])
+        for d in kept:
+            d.clear()
+        np.testing.assert_array_equal(out, fresh.decode([fseq], [t]))
+    mine = [r[4][-3] for r in dec.session.program.recs if r[3] is execute.KVDECOMP]
+    assert all(a is not b for a, b in zip(mine, kept, strict=True))
+    assert sum(len(d) for d in mine) == LLAMA["layers"] * LLAMA["kv_heads"] * 2  # block 0's head blocks
+    addr, nbytes, _ = _descriptor(dec, block, 0, 0, 1)
+    base = next(r["dram"] for r in dec.session.program.memory_map["regions"] if r["name"] == POOL)
+    dec.session.persistent_view(POOL).view(np.uint8)[addr - base + nbytes // 3] ^= 0x01
+    with pytest.raises(SimTrap) as info:
+        dec.decode([seq], [4])
+    assert info.value.exit_code == EXIT_SIM_TRAP
+    msg = info.value.message
+    assert f"KV block {block} (layer 0 K head 1)" in msg and "CRC-8 mismatch" in msg
+
+
 def test_the_program_reads_compressed_blocks_with_kvdecomp(llama_builds):
     """A compressing build's attention reads its blocks with kvdecomp (one for K, one for V per KV
     head and layer) instead of gather; the plain build keeps its gathers."""
@@ -216,6 +250,9 @@ def test_interpreter_and_simulator_are_bit_exact_with_a_stored_cache(llama_build
             tok = int(got[-1][0].argmax())
         logits.append(np.concatenate([g.reshape(-1) for g in got]))
     np.testing.assert_array_equal(logits[0], logits[1])
+    # the decode steps after the first two ran on the fast path's plan (vattn's heat included)
+    assert (build == "heavy_hitter") == (sim.heat is not None)
+    assert fastpath.state(sim.session.program).plans["decode"] is not None
     blocks = [sim.compressed.blocks[b].data for b in sim.kv.block_table(0)]
     assert blocks == [ref.compressed.blocks[b].data for b in ref.kv.block_table(0)]
 
