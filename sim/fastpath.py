@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from . import execute as ex
-from . import numeric
+from . import numeric, warm
 from .machine import Fault, Machine, dram_check, nbytes
 from .timing import _ILLEGAL_PY, Deadlock, Faulted, simulate
 
@@ -424,6 +424,8 @@ def _replay(program: Any, st: State, order: range) -> Plan:
         slots.append(slot)
         fn, args = ex.cached_matmul_w4a16(numeric.unwrap(recs[idx][3], recs[idx][4])[1], slot)
         out[idx] = recs[idx][:3] + numeric.rewrap(recs[idx][3], recs[idx][4], fn, args) + recs[idx][5:]
+    # large elementwise instructions on the worker threads; loads and stores with their views made once
+    out = warm.bind_dma(warm.split_records(out, order), order)
     # once every slot holds its tile, a constant load whose bytes only slots read has no effect
     lean = list(out)
     for idx in const_loads - needed:
