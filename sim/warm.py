@@ -53,9 +53,21 @@ PARTS = _workers()
 _pool: ThreadPoolExecutor | None = None
 
 
+def _forget_pool() -> None:
+    global _pool
+    _pool = None  # a forked child has none of the parent's threads: it makes its own pool
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _split(m: Any, a: tuple) -> None:
     """Run ``fn`` on each part's arguments: the first here, the others on the pool."""
+    global _pool
     fn, parts = a
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max(len(parts) - 1, 1), thread_name_prefix="mcpc-sim")
     ctx = contextvars.copy_context()
     futures = [_pool.submit(ctx.run, fn, m, p) for p in parts[1:]]
     try:
@@ -102,7 +114,6 @@ def _part(d: tuple, lo: int, n: int, by_rows: bool) -> tuple:
 def split(fn: Any, args: tuple) -> tuple[Any, tuple] | None:
     """``(handler, args)`` running the elementwise instruction ``fn(args)`` in ``PARTS`` parts, or
     None when it is small, not elementwise, or its operands alias (module docstring)."""
-    global _pool
     pos = _ELEMENTWISE.get(fn)
     if pos is None or PARTS < 2:
         return None
@@ -123,8 +134,6 @@ def split(fn: Any, args: tuple) -> tuple[Any, tuple] | None:
         for i in pos:
             a[i] = _part(args[i], lo, hi - lo, by_rows)
         parts.append(tuple(a))
-    if _pool is None:
-        _pool = ThreadPoolExecutor(PARTS - 1, thread_name_prefix="mcpc-sim")
     return _split, (fn, tuple(parts))
 
 

@@ -110,3 +110,32 @@ def test_a_bound_load_follows_the_machine_and_its_register():
                 warm._bound_dma(m, (ex.LOAD, args, cell))
                 want = np.concatenate([m.dram[64 + r3 : 72 + r3], m.dram[80 + r3 : 88 + r3]])
                 assert np.array_equal(m.sram[0x100:0x110], want), (k, r3)
+
+
+def test_a_forked_child_makes_its_own_pool(monkeypatch):
+    """After a fork the parent's worker threads do not exist in the child: a split instruction there
+    must not wait for them."""
+    import os
+
+    monkeypatch.setattr(warm, "PARTS", 2)
+    f32 = np.dtype(np.float32)
+    m = type("M", (), {})()
+    m.sram = np.zeros(R * C * 8, np.uint8)
+    d_src, d_dst = (0, R, C, C * 4, 4, f32, None), (R * C * 4, R, C, C * 4, 4, f32, None)
+    m.sram[: R * C * 4] = np.arange(R * C, dtype=np.float32).view(np.uint8)
+    fn, args = warm.split(ex._vun, ("copy", d_src, d_dst, "f32"))
+    fn(m, args)  # the parent's pool exists now
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only when the split copy completes and is right
+        import signal
+
+        signal.alarm(60)  # waiting for a thread that does not exist: killed, not hung
+        ok = False
+        try:
+            m.sram[R * C * 4 :] = 0
+            fn(m, args)
+            ok = np.array_equal(m.sram[R * C * 4 :].view(np.float32), np.arange(R * C, dtype=np.float32))
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
