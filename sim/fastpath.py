@@ -13,7 +13,8 @@ constant bytes that wrote it (-1 when anything else did), and derives:
   their initial content (zeros, or the constants), with the input regions the run wrote, and
   SRAM below the entry's peak is zeroed — so each run still starts from the documented state
   (constants, inputs, zeros) without building a fresh DRAM image and copying every constant;
-* for each matmul operand made only of bytes that constant loads wrote: every run sees the same
+* for each matmul operand made only of bytes that constant loads wrote (not of a matmul whose row
+  count comes from a register, whose operands differ with the count): every run sees the same
   bytes there, so its prepared tile (``numerics.tile_operand``) is computed on first use and kept
   in a slot — shared by every matmul reading the same operand written by one same load.  It is
   the very array ``matmul_tile`` would build, so the bits do not change.  Once every slot is
@@ -38,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from . import execute as ex
-from . import numeric
+from . import numeric, warm
 from .machine import Fault, Machine, dram_check, nbytes
 from .timing import _ILLEGAL_PY, Deadlock, Faulted, simulate
 
@@ -380,8 +381,9 @@ def _replay(program: Any, st: State, order: range) -> Plan:
             if fn is ex.MATMUL:
                 A, B, C, trans_b, acc = a
                 f64 = ex.matmul_in_f64(A[5], B[5], A[2])
-                ka = _key(wid, src, A, ("A", False, f64), idx)
-                kb = _key(wid, src, B, ("B", trans_b, f64), idx)
+                # an extent's record holds (register, capacity, variants), not operands: no slots
+                ka = None if extent else _key(wid, src, A, ("A", False, f64), idx)
+                kb = None if extent else _key(wid, src, B, ("B", trans_b, f64), idx)
                 if ka is not None or kb is not None:
                     keys[idx] = (ka, kb)
                 sources = [k for k, key in ((0, ka), (1, kb)) if key is None] + ([2] if acc else [])
@@ -423,6 +425,8 @@ def _replay(program: Any, st: State, order: range) -> Plan:
         slots.append(slot)
         fn, args = ex.cached_matmul_w4a16(numeric.unwrap(recs[idx][3], recs[idx][4])[1], slot)
         out[idx] = recs[idx][:3] + numeric.rewrap(recs[idx][3], recs[idx][4], fn, args) + recs[idx][5:]
+    # large elementwise instructions on the worker threads; loads and stores with their views made once
+    out = warm.bind_dma(warm.split_records(out, order), order)
     # once every slot holds its tile, a constant load whose bytes only slots read has no effect
     lean = list(out)
     for idx in const_loads - needed:

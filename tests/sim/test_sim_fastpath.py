@@ -274,3 +274,38 @@ def test_a_trap_and_a_cycle_limit_on_a_recorded_schedule_are_those_of_the_event_
     with pytest.raises(mcpc.errors.SimTrap, match="cycle limit"):
         run_program(program, good, max_cycles=1)
     assert run_program(program, good, max_cycles=cycles).profile["cycles"] == cycles
+
+
+def test_a_matmul_with_a_row_count_from_a_register_and_constant_operands(monkeypatch):
+    """A matmul whose row count comes from a register (an extent) over constant A and B tiles,
+    plus an input-dependent one beside it: the analysis covers the extent at its capacity and never
+    treats its (register, capacity, variants) arguments as matmul operands; every run equals a fresh
+    one and numpy's product of the first r1 rows."""
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((8, 16)).astype(np.float32)
+    b = rng.standard_normal((16, 8)).astype(np.float32)
+    consts = a.tobytes() + b.tobytes()
+    io = {"inputs": {"x": ("f32", (8, 16))}, "outputs": {"y": ("f32", (8, 8)), "z": ("f32", (8, 8))}}
+    _, at = build("halt", **io, constants=consts)
+    mm = "matmul m=8 n=8 k=16 a_stride=16 b_stride=8 c_stride=8"
+    code = f"""
+setr reg=1 value=5 signal=LD
+load dram=0 sram=0x0 rows=1 row_bytes=512 wait=EX
+load dram=512 sram=0x1000 rows=1 row_bytes=512
+load dram={at["x"]} sram=0x2000 rows=1 row_bytes=512 signal=EX
+{mm} a=0x0 b=0x1000 c=0x3000 m_reg=1 wait=LD
+{mm} a=0x2000 b=0x1000 c=0x4000 signal=ST
+store dram={at["y"]} sram=0x3000 rows=1 row_bytes=256 wait=EX
+store dram={at["z"]} sram=0x4000 rows=1 row_bytes=256
+halt
+"""
+    prog = build(code, **io, constants=consts)[0]
+    program = from_program(prog)
+    for _ in range(4):
+        x = {"x": rng.standard_normal((8, 16)).astype(np.float32)}
+        out = run_program(program, x).outputs
+        _same(out, _fresh(from_program(prog), x, monkeypatch))
+        np.testing.assert_array_equal(out["y"][:5], mcpc.arch.numerics.matmul_tile(a[:5], b))
+        assert not out["y"][5:].any()
+        np.testing.assert_array_equal(out["z"], mcpc.arch.numerics.matmul_tile(x["x"], b))
+    assert fastpath.state(program).plans["main"] is not None
