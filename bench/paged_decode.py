@@ -131,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  (build --max-seq {max_seq}: {time.perf_counter() - t0:.0f} s)")
             if args.save:
                 args.save.mkdir(parents=True, exist_ok=True)
-                write_mcpb(args.save / f"{onnx_path.stem}-{args.config}-{max_seq}.mcpb", res.program)
+                write_mcpb(
+                    args.save / f"{onnx_path.stem}-{Path(args.config).stem}-{max_seq}.mcpb", res.program
+                )
             loaded = from_program(res.program)
         else:
             loaded = load_program(path)
