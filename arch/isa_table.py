@@ -617,7 +617,7 @@ _SPECS: list[InstrSpec] = [
           "(bit r = row r, the host's H2O choice from the attention heat), whole rows. Then "
           "`mcpc.kv.encode_heads`(x, mask, int8 if `quant` else `kv_dtype`, `tol` / 10⁶) gives the stored "
           "block (docs/kv-cache.md: INT8_Asymmetric per row, FP16_Retain when max|dequant − x| / "
-          "max|x| ≥ `tol`, dense / bitmap / coordinate tiles, CRC-8 last) and the rows it reads back "
+          "max|x| ≥ `tol` / 10⁶, dense / bitmap / coordinate tiles, CRC-8 last) and the rows it reads back "
           "(`load_kv_block`), which replace rows of the plain table: rows `lo`..`tokens`−1, and rows "
           "0..`lo`−1 too when `full` = 1 or the stored kind differs from the one the descriptor "
           "records. `full` = 0 (a block being filled): the new unrounded rows are appended to the "
