@@ -169,6 +169,15 @@ FIELD_DOCS: dict[str, str] = {
     "heat": "1: also write the attention heat, a kv_rows x share f32 table at dst + the result's bytes "
     "rounded up to 4 (`vattn`)",
     "desc": "DRAM byte address of a descriptor table: 16 bytes per block (address, bytes, tag)",
+    "block": "KV block id (< `limit`): the block's row in the table and its descriptor",
+    "lo": "first token of the block written since its last `kvcomp` (0: a new block)",
+    "heads": "KV heads of the layer (one stored block each)",
+    "quant": "1: INT8_Asymmetric with the error check (FP16_Retain when it fails), 0: `kv_dtype` kept",
+    "full": "1: the block is full: apply the policy and store it compressed; 0: a block being filled",
+    "policy": "KV sparsity policy of a full block: 0 none, 1 topk_magnitude, 2 topk_entropy, 3 heavy_hitter",
+    "tokens": "tokens the block holds after the call (1..64)",
+    "tol": "tolerance of the INT8 error check in millionths: max|dequant(quant(x)) − x| / max|x| < tol / 10⁶",
+    "ratio": "fraction of each tile's values dropped in millionths (`topk_magnitude`: ratio / 10⁶ < 1)",
 }
 
 
@@ -320,6 +329,15 @@ def _access_kvdecomp(f: Mapping[str, Any]) -> list[Access]:
     idx = _sram(f["sram_idx"], 1, f["count"], 0, 4)
     dst = ("sram", f["sram"], f["count"], f["row_bytes"], f["row_bytes"], 1, True, 0)
     return [*_regs(f, "count_reg"), idx, desc, plain, dst]
+
+
+def _access_kvcomp(f: Mapping[str, Any]) -> list[Access]:
+    # the plain table (one block row of each head, read and rounded in place) and the descriptor
+    # column of each head (read and written); the pool slots a descriptor names are data
+    limit, heads, rb = max(f["limit"], 1), max(f["heads"], 1), f["row_bytes"]
+    plain = ("dram", f["dram"], heads * limit, rb, rb, 1, False, 0)
+    desc = ("dram", f["desc"], heads * limit, 16, 16, 1, False, 0)
+    return [plain, desc, plain[:6] + (True, 0), desc[:6] + (True, 0)]
 
 
 def _access_vattn(f: Mapping[str, Any]) -> list[Access]:
@@ -573,9 +591,47 @@ _SPECS: list[InstrSpec] = [
           semantics="Sets all six QParam registers at once (a later `setq` replaces the whole group). "
           "`matmul_w4a16` reads `scale_ptr`, `zp_ptr` and `group_size`. The pointers are stored, not "
           "dereferenced, so `setq` touches no memory: the instruction that reads through them does."),
-    _reserved("kvcomp", 16, "Reserved: KV-cache compression (INT8 asymmetric, block-sparse top-k).",
-              semantics="INT8 asymmetric and block-sparse top-k KV compression, delta-coded indices, "
-              "CRC-8 per block."),
+    _spec("kvcomp", 16, ST,
+          "dram u40, desc u40, row_bytes u24, limit u24, block u16, lo u7, tokens u7, heads u7, "
+          "kv_dtype dtype, quant u1, full u1, policy u2, tol u24, ratio u20",
+          "Compresses one layer's K or V of one KV block, every KV head, into the pool slots its "
+          "descriptors name: INT8_Asymmetric with the error check, the sparsity policy, the tile "
+          "formats and the CRC-8 (the mirror of `kvdecomp`).",
+          execute="compile_kvcomp", cost="kvcomp_cost", access=_access_kvcomp, data_cost=True,
+          twin="mcpc.kv.encode_heads with mcpc.kv.value_mask (what mcpc.kv.store_kv_block stores; "
+          "issued by the host runtime after each call, one per layer and K|V of every block the call "
+          "wrote: docs/kv-cache.md)",
+          semantics="D = `row_bytes` / (64 · size(`kv_dtype`)) values a row (a block row holds the 64 "
+          "tokens of one head). `block` ≥ `limit` traps. For each head h < `heads`: the descriptor at "
+          "`DRAM[desc + 16·(h·limit + block) : +16]` (four u32, as `kvdecomp` reads them) must be "
+          "plain (kind 0, else it traps naming the block, layer, K|V and head); its address is the "
+          "head's pool slot (`mcpc.kv.pool`: `max_block_bytes(64, D, size)` bytes), which holds the "
+          "block's unrounded rows while it fills (`kv_dtype`, row-major, rows 0..`lo`−1). The new "
+          "rows `lo`..`tokens`−1 are read from the plain table at `dram + (h·limit + block)·row_bytes` "
+          "(where `scatter` wrote them; `lo` ≥ `tokens` or `tokens` outside 1..64 traps), so x = the "
+          "head's `tokens` unrounded rows. The keep mask (`mcpc.kv.value_mask`): all values when "
+          "`full` = 0 or `policy` = `none`; `topk_magnitude`: per 64-column tile the "
+          "keep_count(`ratio` / 10⁶) largest |x|; `topk_entropy`: the head's budget (descriptor word 2, "
+          "from the host's entropy split `mcpc.kv.host_keep`) split over its tiles by size, top-k "
+          "per tile; `heavy_hitter`: the tokens whose bit is set in the u64 at slot + 64·D·size "
+          "(bit r = row r, the host's H2O choice from the attention heat), whole rows. Then "
+          "`mcpc.kv.encode_heads`(x, mask, int8 if `quant` else `kv_dtype`, `tol` / 10⁶) gives the stored "
+          "block (docs/kv-cache.md: INT8_Asymmetric per row, FP16_Retain when max|dequant − x| / "
+          "max|x| ≥ `tol` / 10⁶, dense / bitmap / coordinate tiles, CRC-8 last) and the rows it reads back "
+          "(`load_kv_block`), which replace rows of the plain table: rows `lo`..`tokens`−1, and rows "
+          "0..`lo`−1 too when `full` = 1 or the stored kind differs from the one the descriptor "
+          "records. `full` = 0 (a block being filled): the new unrounded rows are appended to the "
+          "slot, and descriptor word 2 = the stored bytes' count | (kind code + 1) << 24 (kind 0 "
+          "plain: `kvdecomp` still copies the block from the table). `full` = 1: the stored bytes "
+          "replace the slot's contents and the descriptor becomes (slot, count, kind 1 compressed, "
+          "its tag's K|V, head and layer). Everything is read before anything is written. Costed at "
+          "execution: the DRAM channel streams the bytes read (16 per descriptor, the slot's rows, "
+          "the new rows, 8 per token mask) and written (16 per descriptor, the new unrounded rows or "
+          "the stored bytes, the rows written back); the vector engine makes f32 passes over the "
+          "tokens · D values: 4 for INT8 (range, quantize, dequantize, error), 3 for a magnitude top-k "
+          "(a two-pass radix select and the mask), 1 to pack the tiles; the CRC-8 is computed on the "
+          "write stream (docs/timing.md). A timing-only run charges the stored sizes "
+          "`nominal_block_bytes` gives."),
     _spec("kvdecomp", 17, LD,
           "dram u40, desc u40, sram_idx u32, sram u32, count u20, row_bytes u24, limit u24, head_dim u16, "
           "kv_dtype dtype, count_reg u4",

@@ -13,6 +13,11 @@ target's DRAM bandwidth, the step's DRAM roofline ((the weight bytes a step read
 ÷ bandwidth), the latency of its dependency chain and the bound roofline ÷ 0.85 + chain it is held
 to (docs/timing.md, "The dependency chain").  ``--save DIR`` writes each build's .mcpb there, and
 ``--program P.mcpb`` measures a saved build instead of compiling.
+
+``--served`` measures the served path instead (``DecoderSession``, timing-only): a prefill of
+context − 1 tokens, then one decode step; for a build that compresses its KV cache it prints the
+cycles of the ``kvcomp``s the host issued (docs/kv-cache.md): those of the decode step (in its
+cycles) and those of one full block (every layer's K and V, from the prefill).
 """
 
 from __future__ import annotations
@@ -65,6 +70,34 @@ def step_cycles(program, context: int) -> tuple[int, int, int]:
     return prof["cycles"], kv, prof["roofline"]["chain_latency_cycles"]
 
 
+def served_step(program, context: int) -> dict:
+    """The served path at ``context``: a timing-only prefill of context - 1 tokens (its kvcomp cycles
+    per full block) and one decode step (its cycles and its kvcomp cycles)."""
+    from mcpc.sim.decoder import DecoderSession
+
+    dec = DecoderSession(program, timing_only=True)
+    seq, _ = dec.new_sequence()
+    dec.prefill([(seq, [1] * (context - 1))])
+    full = (context - 1) // 64
+    prefill_kvcomp = sum(s["kvcomp_cycles"] for s in dec.steps)
+    dec.decode([seq], [1])
+    step = dec.steps[-1]
+    # the prefill's kvcomps store `full` full blocks and the filling one: a full block's share is
+    # measured directly on a fresh session filling exactly one block
+    one = DecoderSession(program, timing_only=True)
+    s1, _ = one.new_sequence()
+    one.prefill([(s1, [1] * 64)])
+    chunks = [s["kvcomp_cycles"] for s in one.steps]
+    return {
+        "cycles": step["cycles"],
+        "kvcomp_cycles": step["kvcomp_cycles"],
+        "prefill_kvcomp_cycles": prefill_kvcomp,
+        "full_blocks": full,
+        "block_kvcomp_cycles": chunks[-1],
+        "prefill_chunk": one.meta.prefill_chunk,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--onnx", type=Path, default=None)
@@ -74,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--contexts", type=int, nargs="+", default=[64, 512, 1024])
     ap.add_argument("--save", type=Path, default=None, help="write each build's .mcpb into this directory")
     ap.add_argument("--program", type=Path, nargs="+", default=None, help="measure saved builds instead")
+    ap.add_argument("--served", action="store_true", help="the served path: kvcomp cycles (see above)")
     args = ap.parse_args(argv)
     if args.program:
         builds = [(None, p) for p in args.program]
@@ -82,10 +116,13 @@ def main(argv: list[str] | None = None) -> int:
         onnx_path = args.onnx or _default_onnx()
         builds = [(m, None) for m in args.max_seq]
         print(f"{onnx_path.name}, {args.config}, {args.target}")
-    print(
-        "max_seq  context      cycles   KV bytes read  KV bytes / DRAM bw (cycles)    roofline"
-        "       chain  roof/0.85+chain  cycles/bound"
-    )
+    if args.served:
+        print("max_seq  context  step cycles  of which kvcomp  last prefill chunk's kvcomp (one full block)")
+    else:
+        print(
+            "max_seq  context      cycles   KV bytes read  KV bytes / DRAM bw (cycles)    roofline"
+            "       chain  roof/0.85+chain  cycles/bound"
+        )
     for max_seq, path in builds:
         if path is None:
             t0 = time.perf_counter()
@@ -94,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  (build --max-seq {max_seq}: {time.perf_counter() - t0:.0f} s)")
             if args.save:
                 args.save.mkdir(parents=True, exist_ok=True)
-                write_mcpb(args.save / f"{onnx_path.stem}-{args.config}-{max_seq}.mcpb", res.program)
+                write_mcpb(
+                    args.save / f"{onnx_path.stem}-{Path(args.config).stem}-{max_seq}.mcpb", res.program
+                )
             loaded = from_program(res.program)
         else:
             loaded = load_program(path)
@@ -103,6 +142,13 @@ def main(argv: list[str] | None = None) -> int:
         weights = step_weight_bytes(loaded, "decode")
         for context in args.contexts:
             if context > max_seq:
+                continue
+            if args.served:
+                r = served_step(loaded, context)
+                print(
+                    f"{max_seq:7d}  {context:7d}  {r['cycles']:11d}  {r['kvcomp_cycles']:15d}  "
+                    f"{r['block_kvcomp_cycles']:10d} (prefill chunk {r['prefill_chunk']})"
+                )
                 continue
             cycles, kv, chain = step_cycles(loaded, context)
             roof = (weights + kv) / bw

@@ -107,6 +107,12 @@ def _print_timing(console, r: dict) -> None:
             f"{store['fp16_retained_head_blocks']} head blocks kept unquantized by the error check "
             f"(quant_tol {k['quant_tol']:g})"
         )
+        per_step = r.get("kvcomp_cycles_per_token")
+        if per_step is not None and store.get("compressed_by", "").startswith("kvcomp"):
+            console.print(
+                f"KV compression      kvcomp on the NPU: {per_step:,.0f} cycles per decode step (mean, "
+                "in the time per token)"
+            )
 
 
 PER_STEP_LINES = 32  # decode steps printed one per line; more are summarised (all are in --json)

@@ -378,9 +378,13 @@ class DecoderSession:
         if self.compressed is not None:
             self._store_blocks(written)
         prof = self.session.last_profile
+        # the kvcomps the host issued after the call (sim/kvcomp.py): the step's compression work
+        kvc = self.compressed.last_kvcomp if self.compressed is not None and self.compressed.kvcomp else {}
         attention = sum(r["cycles"] for r in prof.get("ir_ops", []) if r["ir_op"] == "mcp.paged_attention")
         self.steps.append(
-            {"entry": entry, "cycles": int(prof["cycles"]), "sequences": len(pairs),
+            {"entry": entry, "cycles": int(prof["cycles"]) + kvc.get("cycles", 0), "sequences": len(pairs),
+             "kvcomp_cycles": kvc.get("cycles", 0),
+             "kvcomp_dram_bytes": kvc.get("dram_read_bytes", 0) + kvc.get("dram_write_bytes", 0),
              "context": [it.past + len(it.tokens) for it in items],
              "kv_bytes": self.kv.bytes_of([s for s, _ in pairs]), "attention_cycles": int(attention),
              "dram_read_bytes": int(prof.get("dram_read_bytes", 0)),
@@ -557,6 +561,8 @@ class DecoderSession:
                 decode_context=[sum(s["context"]) for s in dec],
                 decode_kv_bytes=[s["kv_bytes"] for s in dec],
                 decode_attention_cycles=[s["attention_cycles"] for s in dec],
+                decode_kvcomp_cycles=[s["kvcomp_cycles"] for s in dec],
+                kvcomp_cycles_per_token=float(np.mean([s["kvcomp_cycles"] for s in dec])),
                 decode_roofline_cycles=roof_cyc,
                 decode_chain_cycles=chain,
                 decode_bound_cycles=bound,

@@ -200,6 +200,22 @@ def _kvdecomp_cost(m: Machine, a: tuple) -> None:
     cell[0] = cost(row_bytes, d, _kv_blocks(m, a)[1])
 
 
+def _kvcomp(m: Machine, a: tuple) -> None:
+    """One layer's K or V of one KV block compressed into its pool slots (sim/kvcomp.py)."""
+    from .kvcomp import execute as kvcomp
+
+    fields, cost, cell = a
+    cell[0] = cost(*kvcomp(m, fields))
+
+
+def _kvcomp_cost(m: Machine, a: tuple) -> None:
+    """Timing-only twin of ``_kvcomp``: no values, so the stored sizes are the nominal ones."""
+    from .kvcomp import nominal
+
+    fields, cost, cell = a
+    cell[0] = cost(*nominal(fields))
+
+
 def _vattn_cost(m: Machine, a: tuple) -> None:
     """Timing-only twin of ``_vattn``: the window table read and checked, its cost recorded."""
     (_, _, _, W, _, H), reg, cap, _, _, _, cost, cell = a
@@ -484,6 +500,7 @@ _TIMING_TWINS.update({_salu: _salu, _setq: _setq})  # register writes: run-time 
 _TIMING_TWINS.update(dict.fromkeys((_gather, _scatter, _matmul, _matmul_cached, _vtopk, *DESTINATION), _nop))
 _TIMING_TWINS[_vattn] = _vattn_cost  # its cost follows the window lengths it reads
 _TIMING_TWINS[_kvdecomp] = _kvdecomp_cost  # its cost follows the descriptors it reads
+_TIMING_TWINS[_kvcomp] = _kvcomp_cost  # its cost follows the bytes it stores
 
 
 def timing_twin(fn: Handler) -> Handler:
@@ -689,10 +706,24 @@ def compile_kvdecomp(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handl
     return _kvdecomp, (*args, i.head_dim, i.kv_dtype, {}, cost, cell)  # {}: decoded blocks (_kvdecomp)
 
 
+def compile_kvcomp(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:
+    from .kvcomp import check_fields
+    from .timing import kvcomp_data_cost  # timing does not import this module; kept local to stay so
+
+    bad = check_fields(i)
+    if bad:
+        raise Fault(f"illegal instruction: {bad}")
+
+    def cost(sizes: list[int], rewritten: list[int]) -> Any:
+        return kvcomp_data_cost(i, sizes, rewritten, target)
+
+    return _kvcomp, (i, cost, [cost([0] * i.heads, [0] * i.heads)])
+
+
 def data_cost_cell(fn: Handler, args: tuple) -> list | None:
     """The cell holding the cost of the last execution of a data-cost instruction (``vattn``,
-    ``kvdecomp``) compiled to ``fn``/``args``, None when it does no work (a no-op or a trap)."""
-    return args[-1] if fn is _vattn or fn is _kvdecomp else None
+    ``kvdecomp``, ``kvcomp``) compiled to ``fn``/``args``, None when it does no work (a no-op or a trap)."""
+    return args[-1] if fn is _vattn or fn is _kvdecomp or fn is _kvcomp else None
 
 
 def compile_vbin(i: Instr | Decoded, b: _Bounds, target: Any) -> tuple[Handler, tuple]:

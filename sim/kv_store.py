@@ -37,8 +37,18 @@ stated approximations of before: ``heavy_hitter``'s heat of a token the L2 norm 
 ``topk_entropy`` equal head entropies.  A timing-only run computes no heat: its block sizes are
 nominal and its rows attend every position.
 
-Compressing a block is the host's work (``kvcomp`` is not modelled); reading it is the program's,
-so the simulated cycles of a step follow the stored bytes; ``kv_bytes`` and the roofline count them.
+In a build with a pool the compression itself is the NPU's: after each call the host issues one
+``kvcomp`` (sim/kvcomp.py, docs/isa.md) per layer and K|V of every block the call wrote, which reads
+the block's unrounded rows (the new ones from the view, the earlier ones from the block's pool slot,
+where ``kvcomp`` keeps them while the block fills), stores them with ``mcpc.kv`` and writes the
+rounded rows back into the view, the stored bytes into the slot and the descriptors; their cycles
+are added to the call's (``last_kvcomp``).  The host keeps the decisions that need its state: which
+block and slot (the request descriptors), ``heavy_hitter``'s token choice and ``topk_entropy``'s
+per-head budgets from the accumulated heat (``mcpc.kv.host_keep``).  A timing-only run charges the
+``kvcomp``s with the nominal sizes.  An older program without a pool, or without heat under an
+attention policy, keeps the host path above (``_store``), its compression uncharged.  Reading a block
+is the program's (``kvdecomp``), so the simulated cycles of a step follow the stored bytes;
+``kv_bytes`` and the roofline count them.
 """
 
 from __future__ import annotations
@@ -48,20 +58,36 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mcpc.arch.dtypes import NUMPY_DTYPES as _NP
+from mcpc.arch.isa import Instr
 from mcpc.errors import InputError, InternalError
 from mcpc.kv import (
     AttentionStats,
     KvSettings,
     dynamic_window_left,
     heat_entropy,
+    host_keep,
     load_kv_block,
     nominal_block_bytes,
     relative_heat,
     store_kv_block,
 )
+from mcpc.kv.policies import POLICIES
 from mcpc.kv.pool import COMPRESSED, DESC, PLAIN, POOL, desc_column, descriptor, slot_offset
 
 KINDS = ("k", "v")
+
+
+def _millionths(value: float, what: str, limit: int) -> int:
+    """``value`` as the whole number of millionths a ``kvcomp`` field holds (InputError when it is
+    not one, so that the NPU applies exactly the setting)."""
+    n = round(value * 1e6)
+    if n / 1e6 != value or not 0 <= n < limit:
+        raise InputError(
+            f"KV setting {what} = {value!r}: kvcomp takes it in whole millionths below {limit / 1e6:g} "
+            "(e.g. 0.7, 0.02)"
+        )
+    return n
 
 
 @dataclass
@@ -80,7 +106,15 @@ class _Block:
 class CompressedKV:
     """The stored blocks of one DecoderSession's cache (module docstring)."""
 
-    def __init__(self, settings: KvSettings, meta, session, timing_only: bool = False, heat=None):
+    def __init__(
+        self,
+        settings: KvSettings,
+        meta,
+        session,
+        timing_only: bool = False,
+        heat=None,
+        use_kvcomp: bool = True,
+    ):
         self.settings, self.meta, self.session = settings, meta, session
         self.heat: AttentionHeat | None = heat  # the model's attention, when the program writes it
         self.filling = KvSettings(quant=settings.quant, quant_tol=settings.quant_tol)  # no policy
@@ -91,6 +125,22 @@ class CompressedKV:
         self.stored_blocks = 0
         self.pool = _Pool(meta, session, timing_only) if getattr(meta, "kv_pool", None) else None
         self._sized: list[int] = []  # blocks sized before a call (_placed), reported after it
+        # the NPU compresses (kvcomp) when the program has a pool and the host has what the policy needs
+        attention = settings.policy in ("heavy_hitter", "topk_entropy") and settings.needs_attention
+        self.kvcomp = (
+            use_kvcomp
+            and self.pool is not None
+            and hasattr(session, "timing_dram")  # a simulator Session (a stand-in has no NPU to run it)
+            and (heat is not None or timing_only or not attention)
+        )
+        self.last_kvcomp: dict = {}  # run_kvcomp's figures for the last call
+        self.kvcomp_blocks = 0  # full blocks kvcomp stored
+        if self.kvcomp:
+            self._tol = _millionths(settings.quant_tol, "quant_tol", 1 << 24)
+            self._ratios = [
+                _millionths(settings.ratio(layer), f"the sparsity ratio of layer {layer}", 10**6)
+                for layer in range(meta.layers)
+            ]
 
     # ------------------------------------------------------------------ the view in the globals
     def _view(self, layer: int, kind: str) -> np.ndarray:
@@ -136,6 +186,8 @@ class CompressedKV:
         after the call, position of the block's first row, the sequence that wrote it); returns the
         block ids whose size changed."""
         changed, self._sized = self._sized, []
+        if self.kvcomp:
+            return changed + self._compress(written)
         for bid, (lo, rows, first_pos, seq) in written.items():
             b = self.blocks.get(bid)
             if b is None or lo == 0:  # a block (re)allocated: its old contents are gone
@@ -152,6 +204,67 @@ class CompressedKV:
                     self.pool.put(bid, b.data)
             changed.append(bid)
         return changed
+
+    def _compress(self, written: dict[int, tuple[int, int, int, object]]) -> list[int]:
+        """The blocks a call wrote, compressed on the NPU: one ``kvcomp`` per layer and K|V of each
+        (module docstring); their cycles in ``last_kvcomp``."""
+        from .kvcomp import run_kvcomp
+
+        m, instrs = self.meta, []
+        for bid, (lo, rows, first_pos, seq) in written.items():
+            b = self.blocks.get(bid)
+            if b is None or lo == 0:
+                b = self.blocks[bid] = _Block()
+            b.rows, b.full = rows, rows == m.block
+            if lo == 0:  # already done before the call, unless it was the session's first
+                self.pool.request_plain(bid)
+            for layer in range(m.layers):
+                policy = self.settings.policy if b.full and self._ratios[layer] else "none"
+                if policy in ("heavy_hitter", "topk_entropy") and not self.timing_only:
+                    stats = self._stats(b, layer, first_pos, seq)
+                    token_rows, budgets = host_keep(self.settings, layer, m.kv_heads, rows, m.head_dim, stats)
+                    self.pool.request(bid, layer, token_rows, budgets)
+                for kind in range(2):
+                    instrs.append(self._kvcomp_instr(bid, layer, kind, lo, rows, b.full, policy))
+        self.last_kvcomp = run_kvcomp(self.session, instrs, self.timing_only)
+        for bid in written:
+            b = self.blocks[bid]
+            if self.timing_only:
+                b.nbytes = self._nominal(b.rows, b.full)
+                if b.full:
+                    self.pool.put_nominal(bid, self._nominal_heads())
+            else:
+                b.nbytes, b.retained = self.pool.stored(bid, b.full, self.settings.quant == "int8")
+                if b.full:
+                    self.pool.compressed.add(bid)
+            if b.full:
+                self.stored_blocks += 1
+                self.kvcomp_blocks += 1
+                self.retained_blocks += b.retained
+        return list(written)
+
+    def _kvcomp_instr(
+        self, bid: int, layer: int, kind: int, lo: int, rows: int, full: bool, policy: str
+    ) -> Instr:
+        m, pool = self.meta, self.pool
+        return Instr("kvcomp", {
+            "dram": pool.addr[f"kv_{KINDS[kind]}_{layer}"], "desc": pool.desc_addr(layer, kind),
+            "row_bytes": pool.row_bytes, "limit": m.kv_blocks + 1, "block": bid, "lo": lo, "tokens": rows,
+            "heads": m.kv_heads, "kv_dtype": m.kv_dtype, "quant": int(self.settings.quant == "int8"),
+            "full": int(full), "policy": POLICIES.index(policy), "tol": self._tol,
+            "ratio": self._ratios[layer],
+        })  # fmt: skip
+
+    def block_data(self, bid: int) -> dict[tuple[int, str, int], bytes]:
+        """The stored bytes of block ``bid`` per (layer, k|v, head): read from the pool (via the
+        descriptors) when ``kvcomp`` stored it, else kept by the host; a block being filled under
+        ``kvcomp`` has none yet (its unrounded rows are in its slots)."""
+        b = self.blocks.get(bid)
+        if b is None or not self.kvcomp:
+            return {} if b is None else {k: bytes(v) for k, v in b.data.items()}
+        if not b.full or self.timing_only:
+            return {}
+        return self.pool.block_data(bid)
 
     def _placed(self, bid: int) -> None:
         """Timing-only: a gathered block the call does not write, that no call stored.  It precedes
@@ -229,6 +342,7 @@ class CompressedKV:
             "stored_blocks": self.stored_blocks,
             "head_blocks_per_block": self.meta.layers * 2 * self.meta.kv_heads,
             "fp16_retained_head_blocks": self.retained_blocks,
+            "compressed_by": "kvcomp (the NPU)" if self.kvcomp else "the host (an older program: no kvcomp)",
             "stats": (
                 "heavy_hitter heat = L2 norm of the K row; topk_entropy: equal head entropies"
                 if self.heat is None
@@ -334,6 +448,8 @@ class _Pool:
                 f"persistent buffer {', '.join(missing)}"
             )
         self.pool_addr = int(regions[POOL]["dram"])
+        self.addr = {name: int(r["dram"]) for name, r in regions.items() if name}
+        self.row_bytes = meta.block * meta.head_dim * np.dtype(_NP[meta.kv_dtype]).itemsize
         self.compressed: set[int] = set()  # blocks whose descriptors say compressed
         if regions[POOL]["bytes"] < layout["pool_bytes"] or regions[DESC]["bytes"] < layout["desc_bytes"]:
             raise InputError(f"{session.program.source}: kv_pool / kv_desc are smaller than META says")
@@ -355,19 +471,86 @@ class _Pool:
         m = self.meta
         return 4 * (desc_column(layer, kind, head, m.kv_heads, m.kv_blocks) + block)
 
-    def mark_plain(self, written: dict[int, tuple[int, int, int]]) -> None:
+    def mark_plain(self, written: dict[int, tuple]) -> None:
+        """Before a call: the blocks it writes become plain, their descriptors addressing their slots
+        (where ``kvcomp`` keeps a filling block's rows).  A block that goes on filling (first row
+        written > 0, plain already) keeps its descriptor: ``kvcomp`` recorded its state there."""
         if not written:
             return
-        desc, m = self._desc_view(), self.meta
+        fresh = [bid for bid, w in written.items() if w[0] == 0 or bid in self.compressed]
         self.compressed.difference_update(written)
+        for bid in fresh:
+            self.request_plain(bid)
+
+    def request_plain(self, bid: int) -> None:
+        """Block ``bid``'s descriptors plain, addressing its slots (nothing before the first run: the
+        table is all zero then, and ``CompressedKV`` writes them after it)."""
+        desc, m = self._desc_view(), self.meta
         if desc is None:
             return
-        for bid in written:
-            for layer in range(m.layers):
-                for kind in range(2):
-                    for h in range(m.kv_heads):
-                        e = self._entry(bid, layer, kind, h)
-                        desc[e : e + 4] = descriptor(0, 0, PLAIN, kind, h, layer)
+        for layer in range(m.layers):
+            for kind in range(2):
+                for h in range(m.kv_heads):
+                    e = self._entry(bid, layer, kind, h)
+                    slot = self.pool_addr + slot_offset(bid, layer, kind, h, m.layers, m.kv_heads, self.slot)
+                    desc[e : e + 4] = descriptor(slot, 0, PLAIN, kind, h, layer)
+
+    def desc_addr(self, layer: int, kind: int) -> int:
+        """DRAM address of the descriptor column of (layer, K|V, head 0)."""
+        m = self.meta
+        return self.addr[DESC] + 16 * desc_column(layer, kind, 0, m.kv_heads, m.kv_blocks)
+
+    def request(
+        self, bid: int, layer: int, token_rows: np.ndarray | None, budgets: np.ndarray | None
+    ) -> None:
+        """What the host hands ``kvcomp`` for a full block of ``layer`` (K and V alike): each head's
+        ``topk_entropy`` budget in its descriptors' word 2, its ``heavy_hitter`` tokens as a u64
+        after the rows of its slots (sim/kvcomp.py)."""
+        m, desc = self.meta, self._desc_view()
+        pool = self.session.persistent_view(POOL).view(np.uint8)
+        for kind in range(2):
+            for h in range(m.kv_heads):
+                if budgets is not None:
+                    desc[self._entry(bid, layer, kind, h) + 2] = int(budgets[h])
+                if token_rows is not None:
+                    off = slot_offset(bid, layer, kind, h, m.layers, m.kv_heads, self.slot) + self.row_bytes
+                    bits = sum(1 << r for r in np.flatnonzero(token_rows[h]).tolist())
+                    pool[off : off + 8] = np.frombuffer(bits.to_bytes(8, "little"), np.uint8)
+
+    def block_data(self, bid: int) -> dict[tuple[int, str, int], bytes]:
+        """A compressed block's bytes per (layer, k|v, head), as its descriptors name them."""
+        m, desc = self.meta, self._desc_view()
+        pool = self.session.persistent_view(POOL).view(np.uint8)
+        out = {}
+        for layer in range(m.layers):
+            for kind in range(2):
+                for h in range(m.kv_heads):
+                    e = self._entry(bid, layer, kind, h)
+                    off = (int(desc[e]) | int(desc[e + 1]) << 32) - self.pool_addr
+                    out[layer, KINDS[kind], h] = pool[off : off + int(desc[e + 2])].tobytes()
+        return out
+
+    def stored(self, bid: int, full: bool, int8: bool) -> tuple[int, int]:
+        """(bytes stored, head blocks kept unquantized) of a block after its ``kvcomp``s, read from
+        its descriptors (a filling block's word 2: count | kind code + 1 << 24)."""
+        from mcpc.kv.codec import KIND_CODES
+
+        m, desc = self.meta, self._desc_view()
+        pool = self.session.persistent_view(POOL).view(np.uint8) if full else None
+        total = retained = 0
+        for layer in range(m.layers):
+            for kind in range(2):
+                for h in range(m.kv_heads):
+                    e = self._entry(bid, layer, kind, h)
+                    word2 = int(desc[e + 2])
+                    total += word2 & 0xFFFFFF
+                    if full:
+                        addr = int(desc[e]) | int(desc[e + 1]) << 32
+                        code = int(pool[addr - self.pool_addr]) & 0x0F
+                    else:
+                        code = (word2 >> 24) - 1
+                    retained += int(int8 and code != KIND_CODES["int8"])
+        return total, retained
 
     def _put(self, bid: int, sizes: dict, data: dict | None) -> None:
         m = self.meta

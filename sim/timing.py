@@ -190,6 +190,38 @@ def kvdecomp_data_cost(row_bytes: int, d: int, desc: Any, kv_dtype: str, target:
     return Cost(max(1, transfer + decode), target.dram_latency_cycles, 0, nbytes_, 0)
 
 
+def kvcomp_cost(i: Instr | Decoded, target: Any) -> Cost:
+    """kvcomp before it executes.  Its real cost follows the bytes it stores (``kvcomp_data_cost``,
+    charged at execution)."""
+    return Cost(1, 0, 0, 0, 0)
+
+
+def kvcomp_data_cost(i: Any, sizes: list[int], rewritten: list[int], target: Any) -> Cost:
+    """Cycles of one ``kvcomp`` that stored ``sizes[h]`` bytes for head h and wrote ``rewritten[h]``
+    rows back into the plain view (docs/timing.md, "Compressed KV blocks").  Per head the DRAM
+    channel reads the descriptor (16 bytes), the slot's earlier rows and the new rows (tokens rows
+    in all), and the token mask (8 bytes, ``heavy_hitter``); it writes the descriptor, the new
+    unrounded rows (a block being filled) or the stored bytes (a full one), and the rows written
+    back.  The vector engine makes f32 passes over the tokens x head_dim values: 4 for INT8 (range,
+    quantize, dequantize, error), 3 for a magnitude top-k (``topk_magnitude``/``topk_entropy``: a
+    two-pass radix select on 16-bit keys and the mask: an assumption), 1 to pack the tiles; the
+    CRC-8 is computed on the write stream (no cycles: an assumption).  busy = transfer + passes
+    (the unit compresses what the channel brought, then writes: not overlapped); tail = the DRAM
+    latency."""
+    esize = NUMPY_DTYPES[i.kv_dtype].itemsize
+    d = i.row_bytes // (64 * esize)
+    row = d * esize
+    full, n, lo = bool(i.full), i.tokens, i.lo
+    read = write = 0
+    for size, back in zip(sizes, rewritten, strict=True):
+        read += 16 + n * row + (8 if full and i.policy == 3 else 0)
+        write += 16 + back * row + (size if full else (n - lo) * row)
+    passes = 1 + 4 * bool(i.quant) + 3 * (full and i.policy in (1, 2))
+    work = math.ceil(passes * i.heads * n * d / target.vector_lanes_for("f32"))
+    transfer = math.ceil((read + write) / target.dram_bytes_per_cycle)
+    return Cost(max(1, transfer + work), target.dram_latency_cycles, 0, read, write)
+
+
 def _counts(values: list[int]) -> list[tuple[int, int]]:
     out: dict[int, int] = {}
     for v in values:

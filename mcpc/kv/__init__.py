@@ -17,9 +17,12 @@ from mcpc.kv.store import (
     AttentionStats,
     KvSettings,
     StoredBlock,
+    encode_heads,
+    host_keep,
     load_kv_block,
     nominal_block_bytes,
     store_kv_block,
+    value_mask,
 )
 
 __all__ = [
@@ -35,9 +38,12 @@ __all__ = [
     "dynamic_window_left",
     "heat_entropy",
     "encode_block",
+    "encode_heads",
+    "host_keep",
     "keep_count",
     "load_kv_block",
     "nominal_block_bytes",
     "relative_heat",
     "store_kv_block",
+    "value_mask",
 ]

@@ -106,16 +106,25 @@ def topk_magnitude(x: np.ndarray, ratio: float) -> np.ndarray:
     return mask
 
 
-def topk_entropy(x: np.ndarray, ratio: float, head_entropy: np.ndarray) -> np.ndarray:
-    """The seed's policy: the layer budget split across heads by attention entropy (``head_entropy``
-    [heads], >= 0), then per-tile top-k by magnitude inside each head."""
-    x = np.asarray(x)
-    heads, rows, cols = x.shape
+def entropy_head_budgets(
+    heads: int, rows: int, cols: int, ratio: float, head_entropy: np.ndarray
+) -> np.ndarray:
+    """``topk_entropy``'s split of the layer block's budget ``keep_count(heads * rows * cols)`` across
+    heads in proportion to ``head_entropy`` [heads] (>= 0): the values each head keeps [heads].
+    It needs the attention statistics, not the values (the host's part of ``kvcomp``)."""
     head_entropy = np.asarray(head_entropy, np.float64).reshape(-1)
     if head_entropy.shape != (heads,):
         raise ValueError(f"topk_entropy needs one entropy per KV head ({heads}), got {head_entropy.shape}")
-    budget = keep_count(x.size, ratio)
-    per_head = apportion(budget, head_entropy, np.full(heads, rows * cols))
+    budget = keep_count(heads * rows * cols, ratio)
+    return apportion(budget, head_entropy, np.full(heads, rows * cols))
+
+
+def topk_head_budgets(x: np.ndarray, per_head: np.ndarray) -> np.ndarray:
+    """Each head's budget ``per_head`` [heads] split over its tiles in proportion to their sizes,
+    then top-k by magnitude per tile of ``x`` [heads, rows, cols] (the values' part of
+    ``topk_entropy``, done by ``kvcomp``)."""
+    x = np.asarray(x)
+    heads, rows, cols = x.shape
     tiles = _tiles(cols)
     sizes = np.array([rows * (t.stop - t.start) for t in tiles])
     mask = np.zeros(x.shape, bool)
@@ -125,14 +134,21 @@ def topk_entropy(x: np.ndarray, ratio: float, head_entropy: np.ndarray) -> np.nd
     return mask
 
 
-def heavy_hitter(
-    x: np.ndarray, ratio: float, heat: np.ndarray, first_position: int, seq_len: int, recent: int
-) -> np.ndarray:
-    """H2O at token level: per head, the rows (tokens at positions ``first_position + i``) of the
-    last ``recent`` positions of a ``seq_len``-token sequence, plus the hottest others (``heat``
-    [heads, rows]: on the served path ``relative_heat``) up to ``keep_count(rows, ratio)`` tokens."""
+def topk_entropy(x: np.ndarray, ratio: float, head_entropy: np.ndarray) -> np.ndarray:
+    """The seed's policy: the layer budget split across heads by attention entropy (``head_entropy``
+    [heads], >= 0), then per-tile top-k by magnitude inside each head."""
     x = np.asarray(x)
-    heads, rows, _ = x.shape
+    return topk_head_budgets(x, entropy_head_budgets(*x.shape, ratio, head_entropy))
+
+
+def heavy_hitter_rows(
+    heads: int, rows: int, ratio: float, heat: np.ndarray, first_position: int, seq_len: int, recent: int
+) -> np.ndarray:
+    """H2O's token choice: [heads, rows] bool, per head the rows (tokens at positions
+    ``first_position + i``) of the last ``recent`` positions of a ``seq_len``-token sequence, plus the
+    hottest others (``heat`` [heads, rows]: on the served path ``relative_heat``) up to
+    ``keep_count(rows, ratio)`` tokens.  It needs the heat, not the values (the host's part of
+    ``kvcomp``)."""
     heat = np.asarray(heat, np.float64)
     if heat.shape != (heads, rows):
         raise ValueError(f"heavy_hitter needs heat [{heads} heads, {rows} rows], got {heat.shape}")
@@ -149,6 +165,17 @@ def heavy_hitter(
             order = np.lexsort((-positions, -key))
             order = order[~is_recent[order]]
             keep_rows[h, order[:extra]] = True
+    return keep_rows
+
+
+def heavy_hitter(
+    x: np.ndarray, ratio: float, heat: np.ndarray, first_position: int, seq_len: int, recent: int
+) -> np.ndarray:
+    """H2O at token level over ``x`` [heads, rows, cols]: ``heavy_hitter_rows``, a kept token keeping
+    its whole row."""
+    x = np.asarray(x)
+    heads, rows, _ = x.shape
+    keep_rows = heavy_hitter_rows(heads, rows, ratio, heat, first_position, seq_len, recent)
     return np.broadcast_to(keep_rows[:, :, None], x.shape).copy()
 
 

@@ -147,21 +147,50 @@ class StoredBlock:
         return self.kept / (self.rows * self.cols)
 
 
-def _mask(x: np.ndarray, settings: KvSettings, layer: int, stats: AttentionStats | None) -> np.ndarray:
+def host_keep(
+    settings: KvSettings, layer: int, heads: int, rows: int, cols: int, stats: AttentionStats | None
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The part of the policy that needs host state, not the values (what the host hands ``kvcomp``
+    for a full block): ``heavy_hitter``'s token choice [heads, rows] bool from the heat, or
+    ``topk_entropy``'s per-head budgets [heads] from the heads' entropies; (None, None) for the
+    other policies and a ratio of 0."""
     ratio = settings.ratio(layer)
-    if ratio == 0.0:
-        return np.ones(x.shape, bool)
-    if settings.policy == "topk_magnitude":
-        return policies.topk_magnitude(x, ratio)
+    if ratio == 0.0 or settings.policy in ("none", "topk_magnitude"):
+        return None, None
     if settings.policy == "topk_entropy":
         if stats is None or stats.head_entropy is None:
             raise InternalError(f"layer {layer}: the topk_entropy policy needs the heads' attention entropy")
-        return policies.topk_entropy(x, ratio, stats.head_entropy)
+        return None, policies.entropy_head_budgets(heads, rows, cols, ratio, stats.head_entropy)
     if stats is None or stats.heat is None or stats.seq_len is None:
         raise InternalError(f"layer {layer}: the heavy_hitter policy needs the positions' heat and seq_len")
-    return policies.heavy_hitter(
-        x, ratio, stats.heat, stats.first_position, stats.seq_len, settings.recent_window
+    token_rows = policies.heavy_hitter_rows(
+        heads, rows, ratio, stats.heat, stats.first_position, stats.seq_len, settings.recent_window
     )
+    return token_rows, None
+
+
+def value_mask(
+    x: np.ndarray,
+    policy: str,
+    ratio: float,
+    token_rows: np.ndarray | None = None,
+    budgets: np.ndarray | None = None,
+) -> np.ndarray:
+    """The keep mask of ``x`` [heads, rows, cols] from the values and what ``host_keep`` supplied:
+    ``topk_magnitude`` by ``ratio``, ``topk_entropy`` by the per-head ``budgets``, ``heavy_hitter``
+    the rows of ``token_rows``; everything for ``none`` or a ratio of 0 (``kvcomp``'s part)."""
+    if policy == "none" or ratio == 0.0:
+        return np.ones(x.shape, bool)
+    if policy == "topk_magnitude":
+        return policies.topk_magnitude(x, ratio)
+    if policy == "topk_entropy":
+        return policies.topk_head_budgets(x, budgets)
+    return np.broadcast_to(np.asarray(token_rows, bool)[:, :, None], x.shape).copy()
+
+
+def _mask(x: np.ndarray, settings: KvSettings, layer: int, stats: AttentionStats | None) -> np.ndarray:
+    token_rows, budgets = host_keep(settings, layer, *x.shape, stats)
+    return value_mask(x, settings.policy, settings.ratio(layer), token_rows, budgets)
 
 
 def store_kv_block(
@@ -169,23 +198,35 @@ def store_kv_block(
 ) -> list[StoredBlock]:
     """Store one layer's block of K or V: ``block`` [kv_heads, rows (1..64), head_dim] in the
     activation dtype (f16, f32 or bf16).  Returns one StoredBlock per head, in head order."""
+    block = _check_block(block)
+    return encode_heads(block, _mask(block, settings, layer, stats), settings.quant, settings.quant_tol)
+
+
+def _check_block(block: np.ndarray) -> np.ndarray:
     block = np.asarray(block)
     if block.ndim != 3 or not 1 <= block.shape[1] <= MAX_ROWS or block.shape[2] < 1:
         raise InternalError(
             f"a KV layer block is [kv_heads, 1..{MAX_ROWS} rows, head_dim], got shape {block.shape}"
         )
-    act = FLOAT_KINDS.get(block.dtype)
-    if act is None:
+    if block.dtype not in FLOAT_KINDS:
         raise InternalError(f"KV values must be f16, f32 or bf16, got {block.dtype}")
-    mask = _mask(block, settings, layer, stats)
+    return block
+
+
+def encode_heads(block: np.ndarray, mask: np.ndarray, quant: str, quant_tol: float) -> list[StoredBlock]:
+    """Each head of ``block`` [kv_heads, rows, head_dim] keeping ``mask``: INT8_Asymmetric with the
+    per-block error check (``quant`` ``int8``; a block failing ``quant_tol`` is kept in the activation
+    dtype, FP16_Retain) or the activation dtype (``fp16``), encoded with its CRC-8."""
+    block = _check_block(block)
+    act = FLOAT_KINDS[block.dtype]
     out = []
     for h in range(block.shape[0]):
         x, keep = block[h], mask[h]
         kept = int(keep.sum())
-        if settings.quant == "int8":
+        if quant == "int8":
             q = quantize_rows(x, keep)
             error = relative_error(x, dequantize_rows(q, act), keep)
-            if passes_check(error, settings.quant_tol):
+            if passes_check(error, quant_tol):
                 data, tiles = encode_block("int8", q.codes, keep, q.scale, q.zero_point)
                 out.append(StoredBlock(data, "int8", False, error, *x.shape, kept, tiles))
                 continue
@@ -193,7 +234,7 @@ def store_kv_block(
             error = None
         values = np.where(keep, x, np.zeros((), x.dtype)).astype(x.dtype)
         data, tiles = encode_block(act, values, keep)
-        out.append(StoredBlock(data, act, settings.quant == "int8", error, *x.shape, kept, tiles))
+        out.append(StoredBlock(data, act, quant == "int8", error, *x.shape, kept, tiles))
     return out
 
 

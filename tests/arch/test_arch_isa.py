@@ -53,7 +53,7 @@ def test_table_is_consistent():
     assert sorted(OPCODES) == list(range(len(ISA)))
     for spec in ISA.values():
         assert HEADER_BITS + sum(b for _, b, _ in spec.fields) <= INSTR_BITS
-    assert "kvcomp" in RESERVED and "kvdecomp" in LIVE
+    assert "kvcomp" in LIVE and "kvdecomp" in LIVE and "entry" in RESERVED
     assert {"setq", "salu", "vtopk"} <= set(LIVE)
     assert DTYPE_CODES == {
         "f32": 0, "f16": 1, "bf16": 2, "i32": 3, "i8": 4, "u8": 5,
@@ -114,7 +114,7 @@ def test_f32_immediate_is_rounded_to_float32():
         (Instr("load", {}, wait=1), "own engine"),
         (Instr("matmul", {}, signal=2), "own engine"),
         (Instr("nop", {}, wait=8), "wait"),
-        (Instr("kvcomp", {}), "reserved"),
+        (Instr("entry", {}), "reserved"),
     ],
 )
 def test_encode_rejects(instr, needle):
@@ -142,7 +142,7 @@ def test_decode_rejects_bad_words():
     with pytest.raises(InputError, match="instruction 3 .*opcode 0"):
         decode(bytes(INSTR_BYTES), 3)
     with pytest.raises(InputError, match="reserved opcode"):
-        decode(_word(ISA["kvcomp"].opcode))
+        decode(_word(ISA["entry"].opcode))
     with pytest.raises(InputError, match="unknown opcode 200"):
         decode(_word(200), 0)
     with pytest.raises(InputError, match="reserved bits"):

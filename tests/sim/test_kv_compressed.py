@@ -18,7 +18,7 @@ import mcpc
 from mcpc import driver
 from mcpc.errors import EXIT_SIM_TRAP, SimTrap
 from mcpc.ir.decoder_import import DecoderBuild
-from mcpc.kv import KvSettings
+from mcpc.kv import KvSettings, load_kv_block
 from mcpc.kv.pool import DESC, POOL, desc_column
 from mcpc.qat_configs.kv_cache import with_kv_flags
 from mcpc.sim import fastpath
@@ -125,12 +125,13 @@ def test_a_flipped_bit_in_the_simulated_dram_pool_is_a_trap_naming_the_block(lla
     dec.prefill([(seq, prompt)])  # block 0 full: stored with its CRC
     block = dec.kv.block_table(seq)[0]
     addr, nbytes, tag = _descriptor(dec, block, 1, 1, 0)
-    assert nbytes == len(dec.compressed.blocks[block].data[1, "v", 0]) and tag & 0xFF == 1  # compressed
+    stored = dec.compressed.block_data(block)[1, "v", 0]  # what kvcomp wrote there
+    assert nbytes == len(stored) and tag & 0xFF == 1  # compressed
     pool = dec.session.program.memory_map["regions"]
     base = next(r["dram"] for r in pool if r["name"] == POOL)
     dram = dec.session.persistent_view(POOL).view(np.uint8)
-    stored = bytes(dec.compressed.blocks[block].data[1, "v", 0])
     assert bytes(dram[addr - base : addr - base + nbytes]) == stored
+    assert load_kv_block(stored, "f16").shape == (64, LLAMA["head_dim"])  # its CRC-8 holds
     dram[addr - base + nbytes // 2] ^= 0x10
     with pytest.raises(SimTrap) as info:
         dec.decode([seq], [1])
@@ -253,8 +254,13 @@ def test_interpreter_and_simulator_are_bit_exact_with_a_stored_cache(llama_build
     # the decode steps after the first two ran on the fast path's plan (vattn's heat included)
     assert (build == "heavy_hitter") == (sim.heat is not None)
     assert fastpath.state(sim.session.program).plans["decode"] is not None
-    blocks = [sim.compressed.blocks[b].data for b in sim.kv.block_table(0)]
-    assert blocks == [ref.compressed.blocks[b].data for b in ref.kv.block_table(0)]
+    # the simulator's kvcomp stored exactly the bytes the host stores for the interpreter
+    assert sim.compressed.kvcomp and not ref.compressed.kvcomp
+    table = sim.kv.block_table(0)
+    full = sim.compressed.block_data(table[0])
+    assert len(full) == LLAMA["layers"] * 2 * LLAMA["kv_heads"]
+    assert full == ref.compressed.block_data(table[0])
+    assert [sim.compressed.size(b) for b in table] == [ref.compressed.size(b) for b in table]
 
 
 def test_a_corrupt_block_under_sim_generate_exits_5_naming_it(llama_builds, tmp_path, monkeypatch):
@@ -264,14 +270,16 @@ def test_a_corrupt_block_under_sim_generate_exits_5_naming_it(llama_builds, tmp_
     from mcpc.arch.mcpb import write_mcpb
     from mcpc.sim.cli import sim_group
 
-    real = kv_store._Pool.put
+    real = kv_store._Pool.stored  # the host reads a block's sizes once its kvcomps have run
 
-    def flipped(self, bid, data):
-        real(self, bid, data)
-        addr, nbytes, _ = _descriptor(self, bid, 0, 0, 0)
-        self.session.persistent_view(POOL).view(np.uint8)[addr - self.pool_addr + 5] ^= 0x01
+    def flipped(self, bid, full, int8):
+        out = real(self, bid, full, int8)
+        if full:
+            addr, nbytes, _ = _descriptor(self, bid, 0, 0, 0)
+            self.session.persistent_view(POOL).view(np.uint8)[addr - self.pool_addr + 5] ^= 0x01
+        return out
 
-    monkeypatch.setattr(kv_store._Pool, "put", flipped)
+    monkeypatch.setattr(kv_store._Pool, "stored", flipped)
     prog, ids = tmp_path / "d.mcpb", tmp_path / "ids.npy"
     write_mcpb(prog, llama_builds["int8"].program)
     np.save(ids, TOKENS[:70])

@@ -96,16 +96,27 @@ def test_accumulated_heat_is_the_interpreters_and_sums_to_the_query_rows(builds)
 
 
 def _spy(monkeypatch):
-    calls = []
-    real = kv_store.store_kv_block
+    """(block values, layer, stats, stored heads) of every layer block a full block's kvcomps
+    store with the policy: the stats the host handed over (``host_keep``, once per layer for K and
+    V), then the K and V stores of each layer in order (``encode_heads``, called by kvcomp)."""
+    import mcpc.kv
 
-    def spy(block, settings, layer, stats=None):
-        out = real(block, settings, layer, stats)
-        if stats is not None:
+    calls, keeps = [], []
+    real_keep, real_encode = kv_store.host_keep, mcpc.kv.encode_heads
+
+    def keep(settings, layer, heads, rows, cols, stats):
+        keeps.append((layer, stats))
+        return real_keep(settings, layer, heads, rows, cols, stats)
+
+    def encode(block, mask, quant, tol):
+        out = real_encode(block, mask, quant, tol)
+        if keeps:  # the kvcomps of the call that filled the block (the K and V of each layer)
+            layer, stats = keeps[len(calls) // 2]
             calls.append((np.array(block), layer, stats, out))
         return out
 
-    monkeypatch.setattr(kv_store, "store_kv_block", spy)
+    monkeypatch.setattr(kv_store, "host_keep", keep)
+    monkeypatch.setattr(mcpc.kv, "encode_heads", encode)
     return calls
 
 

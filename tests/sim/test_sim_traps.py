@@ -54,12 +54,12 @@ def test_deadlock_when_no_token_ever_arrives():
 
 def test_illegal_word_traps_only_when_executed():
     program = add_program()
-    reserved = ISA["kvcomp"].opcode.to_bytes(1, "little") + bytes(INSTR_BYTES - 1)
+    reserved = ISA["entry"].opcode.to_bytes(1, "little") + bytes(INSTR_BYTES - 1)
     program.text = program.text + reserved  # after halt: never dispatched
     program.entries = [{"name": "main", "start": 0, "count": 6}]
     run_program(loaded(program), x_input())
     program.text = reserved + program.text[INSTR_BYTES:]
-    expect = r"instruction 0 \(0x0\) illegal\(opcode 16\).*: illegal instruction: reserved opcode 16"
+    expect = r"instruction 0 \(0x0\) illegal\(opcode 18\).*: illegal instruction: reserved opcode 18"
     with pytest.raises(SimTrap, match=expect):
         run_program(loaded(program), x_input())
 
