@@ -88,3 +88,29 @@ module @m {
     text = text.replace("mcp.reduce_sum %p {axes = [1], keepdims = true}", "mcp.neg %p").replace("1x1", "1x4")
     fn = parse_module(text).functions["prefill"]
     assert token_axes(fn, 4)[fn.outputs[0]] == (1,)
+
+
+def test_two_sequences_a_call_padded_per_sequence():
+    """A --max-batch 2 build: slot 1's rows follow slot 0's C rows; the extent runs through slot
+    1's last token, and both sequences' rows in use are the interpreter's."""
+    chunk = 8
+    built = mcpc.compile(
+        LLAMA, qat_config="fp32", decoder=DecoderBuild(max_seq=64, max_batch=2, prefill_chunk=chunk)
+    )
+    info = built.program.meta["decoder"]
+    assert "refused" not in info["row_extent"]["prefill"]
+    cycles = []
+    for rows in ([8, 3], [5, 0], [2, 2]):
+        feeds, used = paged_feeds([[0], [1]], [0, 0], rows, chunk, 2, info["kv_blocks"])
+        ids, pos = np.zeros((2, chunk), np.int64), np.zeros((2, chunk), np.int64)
+        for b, n in enumerate(rows):
+            ids[b, :n], pos[b, :n] = np.arange(7 + b, 7 + b + n), np.arange(n)
+        inputs = {"input_ids": ids, "position_ids": pos, **feeds}
+        regs = {"kv_blocks": used, PREFILL_ROWS_REG: prefill_rows_in_use(rows, chunk)}
+        want = interpret(built.module, inputs, "prefill", ModuleState(built.module), regs)["logits"]
+        session = Session(built)
+        got = session.run(inputs, entry="prefill", registers=regs)["logits"]
+        for b, n in enumerate(rows):
+            np.testing.assert_array_equal(got[b, :n], want[b, :n], err_msg=f"{rows}: slot {b}")
+        cycles.append(session.last_profile["cycles"])
+    assert cycles[1] < cycles[2] < cycles[0]  # 5 rows < 8 + 2 rows < 8 + 3 rows
