@@ -134,6 +134,18 @@ def _result_axes(op: Any, tok: dict) -> list[Axes | None]:
         if op.attrs["keepdims"]:
             return [ins[0]]
         return [tuple(a - sum(1 for x in axes if x < a) for a in ins[0])]
+    if isinstance(op, (ops.QuantizeOp, ops.DequantizeOp)):
+        x = ins[0]
+        if x is None:
+            raise NotRowLocal("token-indexed quantization parameters of a value without token rows")
+        axis, block = int(op.attrs["axis"]) % rank[0], int(op.attrs["block_size"])
+        if axis in x and block > 0:
+            raise NotRowLocal("quantization blocks along the token rows")
+        for v, a in zip(op.operands[1:], ins[1:], strict=True):
+            per_row = axis in x and block == 0 and v.type.rank == 1  # one scale per token row
+            if a is not None and not per_row and a != x:
+                raise NotRowLocal("quantization parameters indexed by other token axes")
+        return [x]
     if isinstance(op, ops.KVStoreOp):
         return []
     if isinstance(op, ops.PagedAttentionOp):

@@ -114,3 +114,25 @@ def test_two_sequences_a_call_padded_per_sequence():
             np.testing.assert_array_equal(got[b, :n], want[b, :n], err_msg=f"{rows}: slot {b}")
         cycles.append(session.last_profile["cycles"])
     assert cycles[1] < cycles[2] < cycles[0]  # 5 rows < 8 + 2 rows < 8 + 3 rows
+
+
+def test_w4a16_build_follows_the_chunk_length():
+    """W4A16 quantizes the embedding table too: its gathered codes are dequantized per token row,
+    which the analysis accepts as row-local; the quantized matmuls read the count."""
+    chunk = 16
+    built = mcpc.compile(LLAMA, qat_config="qat_w4a16", decoder=DecoderBuild(max_seq=64, prefill_chunk=chunk))
+    ext = built.program.meta["decoder"]["row_extent"]["prefill"]
+    assert "refused" not in ext and ext["counted"] > 0
+    cycles = []
+    for n in (2, chunk):
+        feeds, used = paged_feeds([[0]], [0], [n], chunk, 1, built.program.meta["decoder"]["kv_blocks"])
+        ids, pos = np.zeros((1, chunk), np.int64), np.zeros((1, chunk), np.int64)
+        ids[0, :n], pos[0, :n] = np.arange(11, 11 + n), np.arange(n)
+        inputs = {"input_ids": ids, "position_ids": pos, **feeds}
+        regs = {"kv_blocks": used, PREFILL_ROWS_REG: n}
+        want = interpret(built.module, inputs, "prefill", ModuleState(built.module), regs)["logits"]
+        session = Session(built)
+        got = session.run(inputs, entry="prefill", registers=regs)["logits"]
+        np.testing.assert_array_equal(got[0, :n], want[0, :n])
+        cycles.append(session.last_profile["cycles"])
+    assert cycles[0] < cycles[1]
