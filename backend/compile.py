@@ -23,6 +23,7 @@ from mcpc.backend.lower_state import host_register_records, register_kernel
 from mcpc.backend.lowering import LoweringContext, load_lowerings, lowering_for
 from mcpc.backend.memory import ALIAS_OPS, plan_dram
 from mcpc.backend.residency import ResidentPlan, forward, plan_residents
+from mcpc.backend.row_extent import extent_record, row_extent, with_extent_registers
 from mcpc.backend.schedule import Kernel, schedule_with_debug
 from mcpc.errors import DoesNotFit, PassError, UnsupportedError, does_not_fit
 from mcpc.ir.ops import ConstantOp, HostRegOp, MatMulOp, ReturnOp, ScalarOp
@@ -160,14 +161,20 @@ def compile_to_program(
     text: list[Instr] = []
     debug: list[dict] = []
     entries, io = [], {}
+    extents: dict[str, dict | None] = {}
     for fn in module.functions.values():
         ctx.registers = {}
+        ctx.free_registers = []
         prologue = register_kernel(module, fn, ctx)
+        ctx.extent = row_extent(module, fn, ctx)
         residents = ResidentPlan()
         if keep:
             reserve = resident_reserve(fn, target, slots, fusion[fn.name])
             residents = plan_residents(fn, plan.placements, fusion[fn.name].positions, ctx.align, reserve)
         kernels, kpos = _lower_with_residents(fn, ctx, prefetch, keep, fusion[fn.name], residents)
+        prologue = with_extent_registers(prologue, ctx)
+        extents[fn.name] = extent_record(ctx.extent)
+        ctx.extent = None
         if prologue is not None:  # sets the registers before every op (position -1)
             kernels, kpos = [prologue, *kernels], [-1, *kpos]
         regions = persistent_ranges(plan.regions)
@@ -199,6 +206,8 @@ def compile_to_program(
     }
     if opts.decoder is not None:
         meta["decoder"] = dict(opts.decoder)
+        if any(extents.values()):
+            meta["decoder"]["row_extent"] = {k: v for k, v in extents.items() if v}
     memory_map = {
         "dram_size": plan.size,
         "regions": plan.regions,

@@ -88,12 +88,19 @@ def lower_kv_store(op: Any, ctx: LoweringContext) -> list[Kernel]:
     _field(op, "limit", per_head, U24, "the cache rows per head")
     _field(op, "row_bytes", s * row, U24, "the bytes of one sequence's new rows")
     emit = ctx.emitter.emit
+    # a prefill's token rows in use (backend/row_extent.py): the rows of the call's leading tokens
+    reg = ctx.rows_reg(slot, 0, 1)
 
     def head_copy(head: int, at: int) -> tuple[Any, Any]:  # head's new rows into ``at``, scattered
-        load = emit("load", dram=na + head * s * row, sram=at, rows=b, row_bytes=s * row,
-                    dram_stride=h * s * row, sram_stride=s * row)  # fmt: skip
+        if reg and b == 1:  # one sequence: its rows in use, one DMA row each
+            load = emit("load", dram=na + head * s * row, sram=at, rows=s, row_bytes=row, dram_stride=row,
+                        sram_stride=row, rows_reg=reg)  # fmt: skip
+        else:
+            load = emit("load", dram=na + head * s * row, sram=at, rows=b, row_bytes=s * row,
+                        dram_stride=h * s * row, sram_stride=s * row)  # fmt: skip
         scatter = emit("scatter", dram=gbase + head * per_head * row, sram_idx=idx, count=rows,
-                       row_bytes=row, dram_stride=row, sram=at, sram_stride=row, limit=per_head)  # fmt: skip
+                       row_bytes=row, dram_stride=row, sram=at, sram_stride=row, limit=per_head,
+                       count_reg=reg)  # fmt: skip
         return load, scatter
 
     need = 4 * rows + h * rows * row + 2 * ctx.align

@@ -175,10 +175,18 @@ def matmul_kernel(op: MatMulOp, ctx: LoweringContext, epilogue: Sequence[Epilogu
     em = ctx.emitter
     epi = _Epilogue(ctx, op, epilogue, imms, other_rings, acc_buf, work) if epilogue else None
 
-    def dma(mnemonic: str, dram: int, sram: int, rows: int, row_bytes: int, dram_stride: int):
+    def dma(mnemonic: str, dram: int, sram: int, rows: int, row_bytes: int, dram_stride: int, reg: int = 0):
         # SRAM tiles are dense: rows follow each other
         return em.emit(mnemonic, dram=dram, sram=sram, rows=rows, row_bytes=row_bytes,
-                       dram_stride=dram_stride, sram_stride=row_bytes)  # fmt: skip
+                       dram_stride=dram_stride, sram_stride=row_bytes, rows_reg=reg)  # fmt: skip
+
+    def rows_reg(i0: int) -> int:
+        """The run-time row count of the row tile at i0 (token rows of a prefill, row_extent.py):
+        one register for A's rows and the result's, else 0 (the capacity)."""
+        if len(a_off) != 1:
+            return 0
+        reg = ctx.rows_reg(a_val, i0, k)
+        return reg if reg and ctx.rows_reg(final, i0, n) == reg else 0
 
     steps: list[Step] = []
     r = g = 0
@@ -189,28 +197,29 @@ def matmul_kernel(op: MatMulOp, ctx: LoweringContext, epilogue: Sequence[Epilogu
             mm, nn = min(tm, m - i0), min(tn, n - j0)
             o_slot = o_ring.addr(g)
             c_buf = o_slot if direct else acc_buf
+            reg = rows_reg(i0)
             for k0 in range(0, k, tk):
                 kk = min(tk, k - k0)
                 sa, sb = a_ring.addr(r), b_ring.addr(r)
-                loads = [dma("load", a_base + (i0 * k + k0) * es, sa, mm, kk * es, k * es)]
+                loads = [dma("load", a_base + (i0 * k + k0) * es, sa, mm, kk * es, k * es, reg)]
                 if trans_b:  # B is n x k: rows j0.., columns k0..
                     loads.append(dma("load", b_base + (j0 * k + k0) * es, sb, nn, kk * es, k * es))
                 else:
                     loads.append(dma("load", b_base + (k0 * n + j0) * es, sb, kk, nn * es, n * es))
                 mmul = em.emit("matmul", a=sa, b=sb, c=c_buf, m=mm, n=nn, k=kk, a_stride=kk,
                                b_stride=kk if trans_b else nn, c_stride=nn, in_dtype=in_dt,
-                               acc=int(k0 > 0), trans_b=int(trans_b))  # fmt: skip
+                               acc=int(k0 > 0), trans_b=int(trans_b), m_reg=reg)  # fmt: skip
                 step = Step(loads, [mmul])
                 if k0 + kk >= k:
                     if epi is not None:
-                        loads += epi.loads(r, bi, i0, j0, mm, nn)
-                        step.computes += epi.computes(r, o_slot, mm, nn)
+                        loads += epi.loads(r, bi, i0, j0, mm, nn, reg)
+                        step.computes += epi.computes(r, o_slot, mm, nn, reg)
                     elif not direct:  # one rounding of the finished f32 tile
                         step.computes.append(em.emit("vun", func="copy", in_dtype="f32", out_dtype=out_dt,
                                                      dst=o_slot, src=acc_buf, rows=mm, cols=nn,
-                                                     dst_stride=nn, src_stride=nn))  # fmt: skip
+                                                     dst_stride=nn, src_stride=nn, rows_reg=reg))  # fmt: skip
                     step.stores.append(
-                        dma("store", c_base + (i0 * n + j0) * os_, o_slot, mm, nn * os_, n * os_)
+                        dma("store", c_base + (i0 * n + j0) * os_, o_slot, mm, nn * os_, n * os_, reg)
                     )
                     g += 1
                 r += 1
@@ -242,9 +251,9 @@ class _Epilogue:
         self.rows_vary = {i: _other_shape(epilogue[i], 2, 1, shape, self.folded)[0] > 1 for i in rings}
         self.debug: dict[int, dict] = {}
 
-    def loads(self, r: int, bi: int, i0: int, j0: int, mm: int, nn: int) -> list:
+    def loads(self, r: int, bi: int, i0: int, j0: int, mm: int, nn: int, reg: int = 0) -> list:
         """Loads of the other operands' tiles for output tile (batch ``bi``, rows i0.., cols j0..)
-        into input slot ``r``."""
+        into input slot ``r``; a tile of the output's rows reads the run-time count ``reg``."""
         out = []
         for i, ring in self.rings.items():
             e, st = self.epilogue[i], self.strides[i]
@@ -267,17 +276,17 @@ class _Epilogue:
                     instr = self.ctx.emitter.emit(
                         "load", dram=addr + off * esz, sram=ring.addr(r) + srow * row_bytes, rows=rows,
                         row_bytes=row_bytes, dram_stride=sr * esz if sr or rows > 1 else row_bytes,
-                        sram_stride=row_bytes,
+                        sram_stride=row_bytes, rows_reg=reg if (len(segs), srow, rows) == (1, 0, mm) else 0,
                     )  # fmt: skip
                 self.debug[id(instr)] = dict(dctx)
                 out.append(instr)
         return out
 
-    def computes(self, r: int, o_slot: int, mm: int, nn: int) -> list:
+    def computes(self, r: int, o_slot: int, mm: int, nn: int, reg: int = 0) -> list:
         """Round the finished f32 tile to the product's dtype, then apply every epilogue op; the
-        last writes ``o_slot``."""
+        last writes ``o_slot`` (``reg``: the tile's run-time row count)."""
         em, out = self.ctx.emitter, []
-        shape = dict(rows=mm, cols=nn, dst_stride=nn)
+        shape = dict(rows=mm, cols=nn, dst_stride=nn, rows_reg=reg)
         cur = self.acc
         mt = self.op.result.type.dtype.name
         if mt != "f32":

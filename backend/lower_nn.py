@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 from mcpc.backend.lower_shape import MIN_STEPS, OVERLAP_BYTES, U20, Dim, dma_nd, elem_bytes, fit_count
+from mcpc.backend.lower_vector import rows_dma, with_rows_reg
 from mcpc.backend.lowering import LoweringContext, register_lowering
 from mcpc.backend.memory import align_up
 from mcpc.backend.schedule import Kernel, Step
@@ -174,24 +175,43 @@ def row_kernel(op, ctx: LoweringContext, axes, per_row: bool, scratch: dict[str,
             flat = flat * n + i
         for j0 in range(0, lay.nk, tj):
             nj, slot, dst = min(tj, lay.nk - j0), xin.addr(rank), yout.addr(rank)
-            loads = dma_nd(ctx, "load", xp + (off + j0 * lay.sk) * esz, slot, lay.view(nj, esz), esz)
+            reg = _rows_reg(op, ctx, lay, j0, per_row)
+            xbase = xp + (off + j0 * lay.sk) * esz
+            loads = rows_dma(ctx, "load", xbase, slot, nj, c * esz, lay.sk * esz, reg) or dma_nd(
+                ctx, "load", xbase, slot, lay.view(nj, esz), esz
+            )
             computes = []
             src = slot
             if lay.transposed:
                 computes.append(_flip(ctx, xt_buf, slot, c, nj, esz))
                 src = xt_buf
             tile = Tile(src, yt_buf if yt_buf is not None else dst, nj, c, bufs)
-            computes += body(tile, pbufs)
+            computes += with_rows_reg(body(tile, pbufs), nj, reg)
             if per_row:
                 if yt_buf is not None:
                     computes.append(_flip(ctx, dst, yt_buf, nj, c, osz))
-                stores = dma_nd(ctx, "store", out + (off + j0 * lay.sk) * osz, dst, lay.view(nj, osz), osz)
+                obase = out + (off + j0 * lay.sk) * osz
+                stores = rows_dma(ctx, "store", obase, dst, nj, c * osz, lay.sk * osz, reg) or dma_nd(
+                    ctx, "store", obase, dst, lay.view(nj, osz), osz
+                )
             else:
                 base = out + (flat * lay.nk + j0) * osz
-                stores = [emit("store", dram=base, sram=dst, rows=1, row_bytes=nj * osz)]
+                stores = rows_dma(ctx, "store", base, dst, nj, osz, osz, reg) or [
+                    emit("store", dram=base, sram=dst, rows=1, row_bytes=nj * osz)
+                ]
             steps.append(Step(loads=loads, computes=computes, stores=stores))
             rank += 1
     return [ctx.kernel(steps, arena)]
+
+
+def _rows_reg(op, ctx: LoweringContext, lay: RowLayout, j0: int, per_row: bool) -> int:
+    """The run-time row count of the tile of rows j0.. (a prefill's token rows in use,
+    ``backend/row_extent.py``): when the rows are x's leading, untransposed, dense rows, one
+    register for x's rows and the result's; else 0 (the capacity)."""
+    if ctx.extent is None or lay.transposed or lay.outer or lay.sk != lay.c:
+        return 0
+    reg = ctx.rows_reg(op.operands[0], j0, lay.c)
+    return reg if reg and ctx.rows_reg(op.result, j0, lay.c if per_row else 1) == reg else 0
 
 
 def _flip(ctx, dst: int, src: int, rows: int, cols: int, esz: int):

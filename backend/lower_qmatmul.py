@@ -111,9 +111,14 @@ def lower_matmul_w4a16(op: MatMulW4A16Op, ctx: LoweringContext) -> Kernel:
     groups_all = _groups(k, group)
     em = ctx.emitter
 
-    def dma(mnemonic: str, dram: int, sram: int, rows: int, row_bytes: int, dram_stride: int):
+    def dma(mnemonic: str, dram: int, sram: int, rows: int, row_bytes: int, dram_stride: int, reg: int = 0):
         return em.emit(mnemonic, dram=dram, sram=sram, rows=rows, row_bytes=row_bytes,
-                       dram_stride=dram_stride, sram_stride=row_bytes)  # fmt: skip
+                       dram_stride=dram_stride, sram_stride=row_bytes, rows_reg=reg)  # fmt: skip
+
+    def rows_reg(i0: int) -> int:
+        """The run-time row count of the row tile at i0 (a prefill's token rows, row_extent.py)."""
+        reg = ctx.rows_reg(a_val, i0, k)
+        return reg if reg and ctx.rows_reg(op.result, i0, n) == reg else 0
 
     def qtile(base: int, dtype: str, rows_total_cols: int, r0: int, c0: int, rows: int, cols: int, sram: int):
         """Load rows r0.. and columns c0.. of a dense [*, rows_total_cols] matrix of ``dtype``."""
@@ -127,12 +132,13 @@ def lower_matmul_w4a16(op: MatMulW4A16Op, ctx: LoweringContext) -> Kernel:
             mm, nn = min(tm, m - i0), min(tn, n - j0)
             o_slot = o_ring.addr(g)
             c_buf = o_slot if direct else acc_buf
+            reg = rows_reg(i0)
             for k0 in range(0, k, tk):
                 kk = min(tk, k - k0)
                 g0, gg = (k0 // group, _groups(kk, group)) if group else (0, 1)
                 sa, sw, ss = a_ring.addr(r), w_ring.addr(r), s_ring.addr(r)
                 sz = z_ring.addr(r) if z_ring is not None else 0
-                loads = [dma("load", a_addr + (i0 * k + k0) * ab, sa, mm, kk * ab, k * ab)]
+                loads = [dma("load", a_addr + (i0 * k + k0) * ab, sa, mm, kk * ab, k * ab, reg)]
                 if trans_b:  # codes [N, K]: rows j0.., columns k0..; qparams [N, groups]
                     loads.append(qtile(w_addr, w_dt, k, j0, k0, nn, kk, sw))
                     loads.append(qtile(s_addr, s_dt, groups_all, j0, g0, nn, gg, ss))
@@ -147,16 +153,16 @@ def lower_matmul_w4a16(op: MatMulW4A16Op, ctx: LoweringContext) -> Kernel:
                     em.emit("setq", scale_ptr=ss, zp_ptr=sz, group_size=group),
                     em.emit("matmul_w4a16", a=sa, b=sw, c=c_buf, m=mm, n=nn, k=kk, a_stride=kk,
                             b_stride=kk if trans_b else nn, c_stride=nn, in_dtype=a_dt, w_dtype=w_dt,
-                            s_dtype=s_dt, acc=int(k0 > 0), trans_b=int(trans_b)),
+                            s_dtype=s_dt, acc=int(k0 > 0), trans_b=int(trans_b), m_reg=reg),
                 ]  # fmt: skip
                 step = Step(loads, computes)
                 if k0 + kk >= k:
                     if not direct:
                         step.computes.append(em.emit("vun", func="copy", in_dtype="f32", out_dtype=out_dt,
                                                      dst=o_slot, src=acc_buf, rows=mm, cols=nn,
-                                                     dst_stride=nn, src_stride=nn))  # fmt: skip
+                                                     dst_stride=nn, src_stride=nn, rows_reg=reg))  # fmt: skip
                     step.stores.append(
-                        dma("store", out_addr + (i0 * n + j0) * ob, o_slot, mm, nn * ob, n * ob)
+                        dma("store", out_addr + (i0 * n + j0) * ob, o_slot, mm, nn * ob, n * ob, reg)
                     )
                     g += 1
                 r += 1

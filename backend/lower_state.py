@@ -57,6 +57,7 @@ def host_register_records(module: Any) -> list[dict]:
             fn.name
             for fn in module.functions.values()
             if any(isinstance(op, ops.HostRegOp) and op.attrs["name"] == name for op in fn.ops)
+            or (fn.attrs.get("row_extent") or {}).get("reg") == name
         ]
         out.append({"name": name, "reg": numbers[name], "min": decl.min, "max": decl.max, "entries": readers})
     return out
@@ -144,6 +145,7 @@ def register_kernel(module: Any, fn: Any, ctx: LoweringContext) -> Kernel | None
                 r = kv_rows[(blocks, block)] = take(op)
                 emit(op, "salu", func="mul", rd=r, rs1=blocks, rs2=0, simm=block)
             ctx.registers[op] = (blocks, r)
+    ctx.free_registers = list(free)
     if not computes:
         return None
     return Kernel(

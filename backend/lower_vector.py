@@ -99,6 +99,12 @@ def elementwise_kernel(op, ctx: LoweringContext, operands, build, imms=None) -> 
     st = dict(zip(loaded, strides[:-1], strict=True))
     ost = strides[-1]
     rows, cols = sizes[-2], sizes[-1]
+    per = ctx.extent.per_token(op.result) if ctx.extent is not None else 0
+    if per and len(sizes) == 2 and rows == 1 and cols % per == 0 and cols > per:
+        # one contiguous run: rows of one token each, so a prefill's rows in use can be counted
+        rows, cols, sizes = cols // per, per, [cols // per, per]
+        st = {i: [s[-1] * per, s[-1]] for i, s in st.items()}
+        ost = [per, 1]
 
     def tile_bytes(i: int, r: int, c: int) -> int:
         sr, sc = st[i][-2], st[i][-1]
@@ -131,6 +137,8 @@ def elementwise_kernel(op, ctx: LoweringContext, operands, build, imms=None) -> 
     steps: list[Step] = []
     for outer in itertools.product(*(range(n) for n in sizes[:-2])):
         for r0 in range(0, rows, tr):
+            # a prefill's token rows in use (backend/row_extent.py): the tile's run-time row count
+            reg = ctx.rows_reg(op.result, r0, cols) if len(sizes) == 2 and ost[-2] == cols else 0
             for c0 in range(0, cols, tc):
                 nr, nc, rank = min(tr, rows - r0), min(tc, cols - c0), len(steps)
                 loads, args = [], list(imms)
@@ -143,15 +151,36 @@ def elementwise_kernel(op, ctx: LoweringContext, operands, build, imms=None) -> 
                     ncol = nc if sc else 1
                     slot = rings[i].addr(rank)
                     dims = [Dim(nr if sr else 1, sr * e, ncol * e), Dim(ncol, sc * e, e)]
-                    loads += dma_nd(ctx, "load", base, slot, dims, e)
+                    counted = rows_dma(ctx, "load", base, slot, nr, ncol * e, sr * e, reg) if sr else None
+                    loads += counted or dma_nd(ctx, "load", base, slot, dims, e)
                     args[i] = VecArg(slot, ncol if sr else 0, 0 if sc else 1)
                 dst = VecArg(oring.addr(rank), nc)
                 obase = out + (sum(a * b for a, b in zip(outer, ost, strict=False)) + r0 * ost[-2] + c0) * osz
-                store = dma_nd(
+                store = rows_dma(ctx, "store", obase, dst.addr, nr, nc * osz, ost[-2] * osz, reg) or dma_nd(
                     ctx, "store", obase, dst.addr, [Dim(nr, ost[-2] * osz, nc * osz), Dim(nc, osz, osz)], osz
                 )
-                steps.append(Step(loads=loads, computes=build(args, dst, nr, nc), stores=store))
+                computes = with_rows_reg(build(args, dst, nr, nc), nr, reg)
+                steps.append(Step(loads=loads, computes=computes, stores=store))
     return [ctx.kernel(steps, arena)]
+
+
+def rows_dma(ctx: LoweringContext, mnemonic: str, dram: int, sram: int, rows: int, row_bytes: int,
+             dram_stride: int, reg: int) -> list | None:  # fmt: skip
+    """One ``load``/``store`` of ``rows`` rows of ``row_bytes`` (dense in SRAM) counted by
+    register ``reg`` (a prefill's token rows in use), or None when ``reg`` is 0 or the fields do
+    not fit: the caller then moves the capacity (``dma_nd``)."""
+    if not reg or rows > U20 or row_bytes > U24 or not 0 < dram_stride <= (1 << 32) - 1:
+        return None
+    return [ctx.emitter.emit(mnemonic, dram=dram, sram=sram, rows=rows, row_bytes=row_bytes,
+                             dram_stride=dram_stride, sram_stride=row_bytes, rows_reg=reg)]  # fmt: skip
+
+
+def with_rows_reg(instrs: list, rows: int, reg: int) -> list:
+    """``instrs`` (a tile's vector computes) with those over ``rows`` rows counted by ``reg``."""
+    if not reg:
+        return instrs
+    return [i.replace(rows_reg=reg) if i.fields.get("rows") == rows and "rows_reg" in i.fields else i
+            for i in instrs]  # fmt: skip
 
 
 # -- ops -----------------------------------------------------------------------------------------

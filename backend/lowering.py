@@ -82,6 +82,7 @@ class LoweringContext:
     ``registers`` each global access op to the register holding its byte offset, and each
     ``mcp.paged_attention`` to its (block count, K/V rows in use) registers
     (``lower_state.register_kernel``).
+    ``extent`` gives a tile of token rows its run-time row count register (``row_extent.py``).
     ``sram_base`` / ``sram_budget`` are the SRAM region the op's kernels may use (the compile
     driver moves it so that consecutive kernels can live in disjoint regions, see
     ``compile.py``); lowerings must allocate SRAM only through ``arena()``.
@@ -100,6 +101,9 @@ class LoweringContext:
     globals: dict[str, int] = field(default_factory=dict)  # persistent buffer -> DRAM address
     global_types: dict[str, Any] = field(default_factory=dict)  # persistent buffer -> its TensorType
     registers: dict[Any, int] = field(default_factory=dict)  # global access op -> byte-offset register
+    free_registers: list[int] = field(default_factory=list)  # left by the register kernel
+    # the entry's row extent (``backend/row_extent.RowExtent``; None: every count is the capacity)
+    extent: Any = None
 
     def __post_init__(self) -> None:
         if not self.sram_budget:
@@ -180,3 +184,8 @@ class LoweringContext:
         base = arena.base if arena is not None else self.sram_base
         self.sram_peak = max(self.sram_peak, base + used)
         return Kernel(steps, in_slots or self.in_slots, self.out_slots, sram_bytes=used, sram_base=base)
+
+    def rows_reg(self, value: Any, first: int, row_elems: int) -> int:
+        """The register of the run-time row count of a tile of ``value``'s rows ``first`` … of
+        ``row_elems`` elements each (``row_extent.RowExtent.count``); 0 = the tile's capacity."""
+        return self.extent.count(value, first, row_elems) if self.extent is not None else 0

@@ -116,10 +116,10 @@ def _up(n: int, align: int) -> int:
 
 
 def _copy_fields(
-    rows: int, row_bytes: int, src: int, src_stride: int, dst: int, dst_stride: int
+    rows: int, row_bytes: int, src: int, src_stride: int, dst: int, dst_stride: int, rows_reg: int = 0
 ) -> dict | None:
-    """The ``vun copy`` moving ``rows`` rows of ``row_bytes`` (byte strides), or None if no
-    encodable copy does."""
+    """The ``vun copy`` moving ``rows`` rows of ``row_bytes`` (byte strides; a DMA's run-time row
+    count ``rows_reg`` becomes the copy's), or None if no encodable copy does."""
     if rows <= 0 or row_bytes <= 0:
         return None
     if rows == 1:
@@ -130,7 +130,7 @@ def _copy_fields(
         return None
     dt = "i32" if e == 4 else "u8"
     return dict(func="copy", in_dtype=dt, out_dtype=dt, src=src, dst=dst, rows=rows, cols=cols,
-                src_stride=ss, dst_stride=ds, src_bcast=0)  # fmt: skip
+                src_stride=ss, dst_stride=ds, src_bcast=0, rows_reg=rows_reg)  # fmt: skip
 
 
 class _Index:
@@ -170,6 +170,10 @@ def _dma_range(instr: Any, regions: Any = ()) -> tuple[int, int]:
         spans = [(lo, hi) for mem, lo, hi, _ in footprint(instr, None, regions) if mem == "dram"]
         return spans[0] if spans else (0, 0)
     rows, rb, stride = f["rows"], f["row_bytes"], f["dram_stride"]
+    if f.get("rows_reg") and not f.get("dram_reg") and not any(lo <= f["dram"] < hi for lo, hi in regions):
+        # a run-time count of a scratch DMA (a prefill's token rows, backend/row_extent.py): at
+        # most its ``rows``, the bytes of its capacity; its copies take the same count
+        return (f["dram"], f["dram"] + max(rows - 1, 0) * stride + rb) if rows > 0 and rb > 0 else (0, 0)
     if f.get("rows_reg"):
         # at most ``rows`` rows: inside a persistent buffer (``vattn``'s heat), that buffer
         whole = (f["dram"], f["dram"] + max(rows - 1, 0) * stride + rb)
@@ -242,7 +246,7 @@ def forward(
                         ok and r is res and not partial and pos == r.first
                         and (f["rows"] == 1 or f["dram_stride"] >= f["row_bytes"])
                         and _copy_fields(f["rows"], f["row_bytes"], 0, f["sram_stride"], 0,
-                                         f["dram_stride"]) is not None
+                                         f["dram_stride"], f["rows_reg"]) is not None
                     )  # fmt: skip
                     if not good:
                         dropped.add(id(r))
@@ -263,7 +267,8 @@ def forward(
                     if ok and res is not None and not partial and producer_end.get(id(res), ki) < ki:
                         f = ld.fields
                         fields = _copy_fields(f["rows"], f["row_bytes"], res.sram + f["dram"] - res.dram,
-                                              f["dram_stride"], f["sram"], f["sram_stride"])  # fmt: skip
+                                              f["dram_stride"], f["sram"], f["sram_stride"],
+                                              f["rows_reg"])  # fmt: skip
                     if fields is not None:
                         copies[id(ld)] = fields
                         res.forwarded = True
@@ -307,7 +312,8 @@ def _rewrite(kernel: Kernel, pos: int, index: _Index, copies: dict, keep_store: 
                 continue
             f = st.fields
             fields = _copy_fields(f["rows"], f["row_bytes"], f["sram"], f["sram_stride"],
-                                  res.sram + f["dram"] - res.dram, f["dram_stride"])  # fmt: skip
+                                  res.sram + f["dram"] - res.dram, f["dram_stride"],
+                                  f["rows_reg"])  # fmt: skip
             copy = emitter.emit("vun", **fields)
             after.append(copy)
             plan.copied_stores += 1

@@ -102,8 +102,11 @@ _REGISTER_FIELDS = ("reg", "rd", "rs1", "rs2", "dram_reg", "rows_reg", "count_re
 # rows in use (the EX queue runs it after the register kernel) and the rows of the store of its heat
 # table (which waits for the vattn).
 _REGISTER_READS = {
-    "load": ("dram_reg",), "store": ("dram_reg", "rows_reg"), "gather": ("dram_reg", "count_reg"),
+    "load": ("dram_reg", "rows_reg"), "store": ("dram_reg", "rows_reg"), "gather": ("dram_reg", "count_reg"),
     "scatter": ("dram_reg", "count_reg"), "vattn": ("kv_reg",), "kvdecomp": ("count_reg",),
+    # a prefill's token rows in use (backend/row_extent.py): EX runs them after the register kernel
+    "matmul": ("m_reg",), "matmul_w4a16": ("m_reg",), "vun": ("rows_reg",), "vbin": ("rows_reg",),
+    "vbini": ("rows_reg",), "vred": ("rows_reg",), "vsel": ("rows_reg",),
 }  # fmt: skip
 
 

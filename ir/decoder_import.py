@@ -8,7 +8,9 @@ chunk, ``decode``: [B, 1] — and puts both functions in one module beside the s
 * ``global @kv_k_<i>``, ``@kv_v_<i>`` : ``[Hkv · (NB+1) · 64, D]`` per layer (the activation dtype;
   block NB is the trash block padding rows write to), written by ``mcp.kv_store`` and read by
   ``mcp.paged_attention``;
-* ``host_reg @kv_blocks {min = 0, max = B·MB}``: the entries of ``kv_gather`` in use this call.
+* ``host_reg @kv_blocks {min = 0, max = B·MB}``: the entries of ``kv_gather`` in use this call;
+* ``host_reg @prefill_rows {min = 1, max = B·C}`` (when B·C > 1): the leading token rows a
+  ``prefill`` call computes (its function's ``row_extent`` attribute, ``backend/row_extent.py``).
 
 The handlers of the rewrite's ``mcpc.kv`` nodes live here and declare that state as they import.
 The result's ``decoder`` dict is META["decoder"] of the program (``kv_dtype`` filled in once the
@@ -42,6 +44,7 @@ from mcpc.ir.types import TensorType
 
 BLOCK = 64
 KV_BLOCKS_REG = "kv_blocks"
+PREFILL_ROWS_REG = "prefill_rows"
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,9 @@ def import_decoder(
         module.add_function(fn)
         module.globals.update(part.globals)
         module.host_regs.update(part.host_regs)
+        if entry == "prefill" and rows > 1:  # the token rows in use: backend/row_extent.py
+            fn.attrs["row_extent"] = {"reg": PREFILL_ROWS_REG, "rows": rows}
+            module.host_regs[PREFILL_ROWS_REG] = HostRegDecl(PREFILL_ROWS_REG, 1, rows)
     module.verify()
     decoder = _descriptor(module, dec, build)
     return DecoderModule(module, decoder, dec, proto, scales)
@@ -292,6 +298,7 @@ def _descriptor(module: Module, dec: DecoderGraph, build: DecoderBuild) -> dict[
         "logits": dec.logits,
         "inputs": {"ids": dec.ids, "positions": dec.positions},
         "kv_quant": None,
+        "prefill_rows": PREFILL_ROWS_REG if PREFILL_ROWS_REG in module.host_regs else None,
     }
 
 

@@ -61,6 +61,15 @@ class DecoderMeta:
     kv_quant: dict | None
     heat: dict | None = None  # the attention heat global the program writes (docs/decoding.md)
     kv_pool: dict | None = None  # a compressing build's pool and descriptor table (mcpc.kv.pool)
+    prefill_rows: str | None = None  # the host register of a prefill's token rows in use
+
+    def call_registers(self, entry: str, used: int, rows: Sequence[int]) -> dict[str, int]:
+        """The host registers of one call: ``kv_blocks`` = ``used``, and for ``prefill`` (when the
+        build has the register) the token rows in use, ``prefill_rows_in_use(rows, chunk)``."""
+        regs = {KV_BLOCKS_REG: int(used)}
+        if entry == "prefill" and self.prefill_rows:
+            regs[self.prefill_rows] = prefill_rows_in_use(rows, self.prefill_chunk)
+        return regs
 
     @property
     def blocks_per_seq(self) -> int:
@@ -92,6 +101,7 @@ class DecoderMeta:
                 kv_quant=meta.get("kv_quant"),
                 heat=meta.get("heat"),
                 kv_pool=meta.get("kv_pool"),
+                prefill_rows=meta.get("prefill_rows"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(
@@ -179,6 +189,14 @@ def step_inputs(meta: DecoderMeta, rows: int, items: Sequence[StepItem]) -> tupl
     if meta.positions:
         inputs[meta.positions] = pos
     return inputs, used
+
+
+def prefill_rows_in_use(rows: Sequence[int], chunk: int) -> int:
+    """The leading token rows a prefill call computes (``docs/decoding.md``, "Prefill row
+    extents"): batch slot b's ``rows[b]`` tokens lie in rows b·chunk …, so through the last
+    sequence's last token; at least 1."""
+    last = [b * chunk + int(n) for b, n in enumerate(rows) if n]
+    return max(last, default=1)
 
 
 def _narrow_windows(
@@ -362,9 +380,8 @@ class DecoderSession:
         written = self._written(items, seqs) if self.compressed is not None else {}
         if self.compressed is not None:
             self.compressed.before_call(inputs["kv_gather"][:used], written)
-        out = self.session.run(
-            inputs, entry=entry, registers={KV_BLOCKS_REG: used}, timing_only=self.timing_only
-        )
+        regs = self.meta.call_registers(entry, used, [len(it.tokens) for it in items])
+        out = self.session.run(inputs, entry=entry, registers=regs, timing_only=self.timing_only)
         if self.heat is not None:
             blk, done = self.meta.block, []
             used_before = 0  # the sequence's first row in the gathered buffer (step_inputs' kv_start)

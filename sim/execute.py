@@ -831,10 +831,29 @@ def compile_extent(
 
     def make(n: int) -> tuple[Handler, tuple, Any]:
         d = Decoded(instr.op, instr.engine, instr.wait, instr.signal, {**fields, count_field: n})
+        if instr.op in _ROW_KEPT and 0 < n < fields[count_field]:
+            fn, args, _ = compile_instr(instr, target)  # the capacity's product, its first n rows kept
+            c = fields["c"], fields["c_stride"] * 4, fields["n"] * 4
+            return _rows_kept, (fn, args, c, n, fields[count_field]), cost(d, target)
         fn, args, _ = compile_instr(d, target)
         return fn, args, cost(d, target)
 
     return _extent, (getattr(instr, reg_field), fields[count_field], {}, make, [static_cost])
+
+
+# A matmul with a run-time row count computes its rows as the capacity's product does (BLAS may
+# round a product of fewer rows differently; each row's value does not depend on the others), so
+# its rows in use are bit-identical to the interpreter's, which computes every row: the rows past
+# the count keep their bytes.  Its cost is the count's.
+_ROW_KEPT = frozenset({"matmul", "matmul_w4a16"})
+
+
+def _rows_kept(m: Machine, a: tuple) -> None:
+    fn, args, (addr, step, width), n, cap = a
+    keep = [m.sram[addr + r * step : addr + r * step + width].copy() for r in range(n, cap)]
+    fn(m, args)
+    for r, row in zip(range(n, cap), keep, strict=True):
+        m.sram[addr + r * step : addr + r * step + width] = row
 
 
 def _empty(args: tuple) -> bool:

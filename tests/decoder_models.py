@@ -196,6 +196,7 @@ def paged_greedy(run, info: dict, prompts: list, new: int, tables: list) -> list
     is in), then decode calls with every sequence at its own context; the kv_* inputs from the
     block ``tables`` (``mcpc.decoder_check.paged_feeds``), as the host's KV manager would."""
     from mcpc.decoder_check import paged_feeds
+    from mcpc.sim.decoder import prefill_rows_in_use
 
     chunk, nb, b_max = info["prefill_chunk"], info["kv_blocks"], info["max_batch"]
     gather = b_max * -(-info["max_seq"] // 64)
@@ -210,7 +211,10 @@ def paged_greedy(run, info: dict, prompts: list, new: int, tables: list) -> list
             pos[b, : len(t)] = np.arange(past[b], past[b] + len(t))
         feeds[info["inputs"]["ids"]] = ids
         feeds[info["inputs"]["positions"]] = pos
-        logits = run(entry, feeds, {"kv_blocks": used})
+        regs = {"kv_blocks": used}
+        if entry == "prefill" and info.get("prefill_rows"):  # the leading token rows in use
+            regs[info["prefill_rows"]] = prefill_rows_in_use(rows, seq)
+        logits = run(entry, feeds, regs)
         return [int(logits[b, n - 1].argmax()) if n else None for b, n in enumerate(rows)]
 
     first = [None] * len(prompts)

@@ -36,8 +36,9 @@ def _greedy(built, prompt: list[int], new: int) -> tuple[list[int], list[int]]:
         ids, pos = np.zeros((b_max, seq), np.int64), np.zeros((b_max, seq), np.int64)
         ids[0, : len(toks)], pos[0, : len(toks)] = toks, np.arange(past, past + len(toks))
         inputs = {"input_ids": ids, "position_ids": pos, **feeds}
-        want = interpret(m, inputs, entry, state, {"kv_blocks": used})["logits"]
-        got = session.run(inputs, entry=entry, registers={"kv_blocks": used})["logits"]
+        regs = {"kv_blocks": used, **({"prefill_rows": len(toks)} if entry == "prefill" else {})}
+        want = interpret(m, inputs, entry, state, regs)["logits"]
+        got = session.run(inputs, entry=entry, registers=regs)["logits"]
         np.testing.assert_array_equal(got, want, err_msg=f"{entry} at past {past}")
         if entry == "decode":
             cycles.append(session.last_profile["cycles"])
@@ -89,9 +90,10 @@ def test_batched_calls_cost_the_same_timing_only():
         feeds, used = paged_feeds(tables, past, [seq, seq], seq, gather, info["kv_blocks"])
         pos = np.array([np.arange(p, p + seq) for p in past])
         inputs = {"input_ids": np.ones((2, seq), np.int64), "position_ids": pos, **feeds}
-        session.run(inputs, entry=entry, registers={"kv_blocks": used})
+        regs = {"kv_blocks": used, **({"prefill_rows": 2 * seq} if entry == "prefill" else {})}
+        session.run(inputs, entry=entry, registers=regs)
         cycles.append(session.last_profile["cycles"])
-        session.run(inputs, entry=entry, registers={"kv_blocks": used}, timing_only=True)
+        session.run(inputs, entry=entry, registers=regs, timing_only=True)
         assert session.last_profile["cycles"] == cycles[-1], (entry, past)
     assert cycles[2] > cycles[1]
 
