@@ -28,7 +28,9 @@ untouched.  What ran for each layer (algorithm, bits, bytes as stored) is record
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -342,6 +344,29 @@ def _stats_of(layers: list[Layer], stats: dict, source: str) -> list:
     return out
 
 
+def _quantize_cached(layer: Layer, settings, x, cache: dict | None) -> QuantResult:
+    """``quantize_weight`` of the layer, reused from ``cache`` for a weight of the same bytes,
+    layout, settings and input statistics already quantized by this pass (a decoder build's
+    ``prefill`` and ``decode`` entries hold copies of the same weights); a reused result's arrays
+    are copies."""
+    if cache is None:
+        return quantize_weight(_kn(layer), settings, x, layer.name)
+    value = np.ascontiguousarray(layer.const.value)
+    digest = hashlib.blake2b(value.tobytes(), digest_size=16).hexdigest()
+    key = (digest, value.shape, str(value.dtype), layer.trans_b, settings.model_dump_json(), id(x))
+    if key not in cache:
+        cache[key] = quantize_weight(_kn(layer), settings, x, layer.name)
+        return cache[key]
+    q = cache[key]
+    return dataclasses.replace(
+        q,
+        codes=q.codes.copy(),
+        scales=q.scales.copy(),
+        zero_points=None if q.zero_points is None else q.zero_points.copy(),
+        in_scale=None if q.in_scale is None else q.in_scale.copy(),
+    )
+
+
 def quantize_function(
     func: Function,
     quant,
@@ -349,11 +374,13 @@ def quantize_function(
     measure: bool = False,
     float_dtype=None,
     stats=None,
+    cache: dict | None = None,
 ):
     """Quantize ``func`` in place per ``quant`` (a ``Quantization``); return its report (JSON-ready)
-    and the arrays behind it (per quantized layer its ``Layer``, ``QuantResult`` and float weight;
-    per matmul name the activation (scale, zero point)) for ``mcpc export-onnx``.  ``stats`` (a
-    ``DecoderCalibration``) gives the layers' input statistics instead of ``calib``."""
+        and the arrays behind it (per quantized layer its ``Layer``, ``QuantResult`` and float weight;
+        per matmul name the activation (scale, zero point)) for ``mcpc export-onnx``.  ``stats`` (a
+        ``DecoderCalibration``) gives the layers' input statistics instead of ``calib``; ``cache`` (a
+    dict shared by the functions of one module) reuses the quantization of a weight seen before."""
     plan = plan_function(func, quant, calib, measure)
     have_data = calib is not None or stats is not None
     algos_needed = {resolve_algorithm(s, have_data) for s in plan.settings if s is not None}
@@ -407,7 +434,7 @@ def quantize_function(
                     "give calibration data that reaches it, or select a data-free algorithm (rtn or "
                     "mse) for it under quantization.overrides"
                 )
-        q = quantize_weight(_kn(layer), settings, x, layer.name)
+        q = _quantize_cached(layer, settings, x, cache)
         ops = _emit_layer(layer, q)
         new_for_const.setdefault(id(layer.const), []).extend(ops)
         deq_of[id(layer.const), layer.trans_b] = (ops[-1].result, q, layer)
@@ -574,10 +601,11 @@ class QuantizeWeightsPass(Pass):
                 f"({', '.join('@' + f for f in module.functions)}) is not implemented yet; quantize "
                 "without calibration data (algorithm rtn or mse) or calibrate a single-function build"
             )
+        cache: dict = {}  # the weights of several entries are quantized once
         for func in module.functions.values():
             data = calib
             report["functions"][func.name], detail = quantize_function(
-                func, quant, data, measure, kept, stats
+                func, quant, data, measure, kept, stats, cache
             )
             ctx.notes.setdefault("quantized_arrays", {})[func.name] = detail
         ctx.notes["quantization"] = report

@@ -102,3 +102,37 @@ def test_npz_input_ids_and_one_window(tmp_path):
     assert load_tokens(tmp_path / "b.npy").shape == (1, 7)
     with pytest.raises(InputError, match="not a directory"):
         load_tokens(tmp_path)
+
+
+def test_the_entries_weights_are_quantized_once(tmp_path, monkeypatch):
+    """prefill and decode hold copies of the same weights: each is quantized once and both entries
+    get the same codes and scales (in arrays of their own)."""
+    import mcpc
+    from mcpc.ir import ops
+    from mcpc.passes import quantize_weights as qw
+
+    calls = []
+    real = qw.quantize_weight
+
+    def counting(w, settings, x, where):
+        calls.append(where)
+        return real(w, settings, x, where)
+
+    monkeypatch.setattr(qw, "quantize_weight", counting)
+    from mcpc.ir.decoder_import import DecoderBuild
+
+    result = mcpc.compile(
+        LLAMA,
+        qat_config="qat_w4a16",
+        decoder=DecoderBuild(64),
+        emit="ir",
+        passes="fold-constants,quantize-weights",
+    )
+    rows = result.report["quantization"]["functions"]
+    assert len(calls) == len(rows["prefill"]["layers"]) - 1 == 14  # the LM head is kept
+    codes = {}
+    for name, func in result.module.functions.items():
+        codes[name] = [op.operands[0].owner.value for op in func.ops if isinstance(op, ops.DequantizeOp)]
+    assert len(codes["prefill"]) == len(codes["decode"]) == 14
+    for a, b in zip(codes["prefill"], codes["decode"], strict=True):
+        assert np.array_equal(a, b) and a is not b
