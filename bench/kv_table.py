@@ -5,7 +5,8 @@
 
 Default model: the small random-weight Llama decoder of tests/llm/decoders (head_dim 16, so INT8
 saves at most 32/19 = 1.68x per row; random tokens).  Builds: fp32, fp16, W4A16 (qat_w4a16),
-W4A16 + INT8 KV (qat_w4a16_kv8), and W4A16 + INT8 KV + 70 % sparsity under each policy; each is
+W4A16 + INT8 KV (qat_w4a16_kv8), W4A16 + INT8 KV + 70 % sparsity under each policy, and W4A16 + INT8
+KV with the dynamic window (min_window 8: a line under the table says where it put the rows); each is
 compiled once (``--max-seq``) and evaluated with ``DecoderSession.eval_ppl`` (prefill 16, then one
 decode step per token, every step reading K/V from the stored cache), beside ONNX Runtime fp32 on
 the same windows (its own KV loop, tests/llm/ort_greedy.py).  Columns: perplexity, its change
@@ -43,6 +44,7 @@ BUILDS = [  # (label, qat config, kv flags (quant, ratio, policy) or None, the b
     ("+ 70 % topk_magnitude", "qat_w4a16", ("int8", 0.7, "topk_magnitude"), "W4A16 + INT8 KV"),
     ("+ 70 % topk_entropy", "qat_w4a16", ("int8", 0.7, "topk_entropy"), "W4A16 + INT8 KV"),
     ("+ 70 % heavy_hitter", "qat_w4a16", ("int8", 0.7, "heavy_hitter"), "W4A16 + INT8 KV"),
+    ("+ dynamic window (min 8)", "qat_w4a16", ("int8", None, None, 8), "W4A16 + INT8 KV"),
 ]
 
 
@@ -52,7 +54,7 @@ def measure(onnx_path: Path, tokens: np.ndarray, window: int, max_seq: int, targ
     import mcpc
     from mcpc import driver
     from mcpc.ir.decoder_import import DecoderBuild
-    from mcpc.qat_configs.kv_cache import with_kv_flags
+    from mcpc.qat_configs.kv_cache import DynamicWindow, with_kv_flags
     from mcpc.sim.decoder import DecoderSession
 
     rows = []
@@ -61,7 +63,12 @@ def measure(onnx_path: Path, tokens: np.ndarray, window: int, max_seq: int, targ
         t = time.perf_counter()
         cfg = driver.load_qat_config(config)
         if flags is not None:
-            cfg = with_kv_flags(cfg, *flags, max_seq)
+            cfg = with_kv_flags(cfg, *flags[:3], max_seq)
+            if len(flags) > 3:  # the dynamic window, its min_window
+                window_cfg = DynamicWindow(enabled=True, min_window=flags[3])
+                cfg = cfg.model_copy(
+                    update={"kv_cache": cfg.kv_cache.model_copy(update={"dynamic_window": window_cfg})}
+                )
         built = mcpc.compile(str(onnx_path), target=target, qat_config=cfg, decoder=DecoderBuild(max_seq))
         dec = DecoderSession(built)
         r = dec.eval_ppl(tokens, window=window)
@@ -69,7 +76,8 @@ def measure(onnx_path: Path, tokens: np.ndarray, window: int, max_seq: int, targ
         rows.append(
             {"build": label, "base": base, "perplexity": r["perplexity"], "kv_bytes": r["kv_bytes"],
              "cycles_per_token": r["cycles_per_token"], "dram_read_per_token": float(np.mean(reads)),
-             "seconds": time.perf_counter() - t, "kv_store": r.get("kv_store")}
+             "seconds": time.perf_counter() - t, "kv_store": r.get("kv_store"),
+             "dynamic_window": r.get("dynamic_window")}
         )  # fmt: skip
         print(f"{label}: ppl {r['perplexity']:.4f}, kv_bytes {r['kv_bytes']:,} ({rows[-1]['seconds']:.0f} s)",
               file=sys.stderr, flush=True)  # fmt: skip
@@ -96,6 +104,13 @@ def markdown(result: dict) -> str:
             f"| {r['build']} | {r['perplexity']:.4f} | {ort:+.2f} % "
             f"| {rel} | {r['kv_bytes']:,} | {r['dram_read_per_token']:,.0f} | {r['cycles_per_token']:,.0f} |"
         )
+    for r in result["rows"]:
+        w = r.get("dynamic_window")
+        if w:
+            out.append(
+                f"\n{r['build']}: {w['narrowed_rows']} of {w['rows']} rows narrowed, left edge mean "
+                f"{w['mean_left']:.2f} (max {w['max_left']}), mean width {w['mean_width']:.1f} positions."
+            )
     return "\n".join(out) + "\n"
 
 

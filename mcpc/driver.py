@@ -207,7 +207,13 @@ def compile(  # noqa: A001 - the public API name (mcpc.compile) is part of the s
 
     before = weight_stats(module)
     ctx = PassContext(target=tgt, config=config, notes=dict(notes or {}))
-    if calib_path is not None:
+    if calib_path is not None and built is not None:  # token windows through the graph with past
+        from mcpc.ir.ops import MatMulOp
+        from mcpc.passes.decoder_calib import collect_decoder_stats
+
+        locs = {op.loc for op in module.walk() if isinstance(op, MatMulOp) and op.loc}
+        ctx.notes["calibration_stats"] = collect_decoder_stats(model, calib_path, locs)
+    elif calib_path is not None:
         from mcpc.passes.calibration import load_calibration
 
         samples = config.quantization.calibration.samples if config.quantization is not None else None

@@ -163,18 +163,33 @@ def _compile(spec: BuildSpec):
     )
 
 
-def _measure(spec: BuildSpec) -> dict[str, Any]:
+def _compiled(spec: BuildSpec):
+    """The build, the program loaded for the simulator, and the build's metrics (compile seconds,
+    .mcpb and weight bytes)."""
     from mcpc.arch.mcpb import program_bytes
-    from mcpc.check import Tolerances, is_logits, run_onnxruntime, vocabulary_sizes
-    from mcpc.errors import InputError
-    from mcpc.sim.api import from_program, random_inputs, run_program
-    from mcpc.sim.numeric import message as numeric_message
+    from mcpc.sim.api import from_program
 
     t0 = time.perf_counter()
     result = _compile(spec)
     compile_s = time.perf_counter() - t0
-    mcpb_bytes = len(program_bytes(result.program))
     loaded = from_program(result.program, source=f"{spec.name}.mcpb")
+    sizes = {"mcpb_bytes": len(program_bytes(result.program)), "weight_bytes": len(result.program.constants)}
+    return result, loaded, sizes, compile_s
+
+
+def _row(metrics: dict, prof: dict, result, **extra) -> dict[str, Any]:
+    """One measured row: the metrics, the memory per kind of the last run, ``extra`` and the build report."""
+    build = {k: v for k, v in result.report.items() if k not in ("pass_times", "output", "mcpc_version")}
+    return {"metrics": metrics, "memory": prof["memory"]["bytes_per_kind"], **extra, "build": build}
+
+
+def _measure(spec: BuildSpec) -> dict[str, Any]:
+    from mcpc.check import Tolerances, is_logits, run_onnxruntime, vocabulary_sizes
+    from mcpc.errors import InputError
+    from mcpc.sim.api import random_inputs, run_program
+    from mcpc.sim.numeric import message as numeric_message
+
+    result, loaded, sizes, compile_s = _compiled(spec)
     inputs = _inputs(spec, loaded, random_inputs)
     t1 = time.perf_counter()
     sim = run_program(loaded, inputs)
@@ -194,8 +209,7 @@ def _measure(spec: BuildSpec) -> dict[str, Any]:
         "cycles": prof["cycles"],
         "latency_us": prof["latency_us"],
         "peak_memory_bytes": prof["memory"]["peak_bytes"],
-        "mcpb_bytes": mcpb_bytes,
-        "weight_bytes": len(result.program.constants),
+        **sizes,
         "instructions": prof["instructions"],
         "macs": prof["macs"],
         "dram_bytes": prof["dram_read_bytes"] + prof["dram_write_bytes"],
@@ -206,12 +220,12 @@ def _measure(spec: BuildSpec) -> dict[str, Any]:
         "compile_s": compile_s,
         "sim_s": sim_s,
     }
-    build = {k: v for k, v in result.report.items() if k not in ("pass_times", "output", "mcpc_version")}
-    return {
-        "metrics": metrics,
-        "memory": prof["memory"]["bytes_per_kind"],
-        "tolerances": {k: v for k, v in asdict(tol).items() if v is not None},
-        "outputs": [
+    return _row(
+        metrics,
+        prof,
+        result,
+        tolerances={k: v for k, v in asdict(tol).items() if v is not None},
+        outputs=[
             {
                 "name": o.name,
                 "cosine": o.cosine,
@@ -222,19 +236,16 @@ def _measure(spec: BuildSpec) -> dict[str, Any]:
             }
             for o in outputs
         ],
-        "numeric": problem or None,
-        "build": build,
-    }
+        numeric=problem or None,
+    )
 
 
 def _measure_decoder(spec: BuildSpec) -> dict[str, Any]:
     """A decoder build's row: eval-ppl's perplexity in the simulator against ONNX Runtime's (module doc)."""
     import numpy as np
 
-    from mcpc.arch.mcpb import program_bytes
     from mcpc.errors import InputError, UsageError
     from mcpc.ort_decoder import ort_nll, perplexity
-    from mcpc.sim.api import from_program
     from mcpc.sim.decoder import DecoderSession
 
     if spec.tokens is None:
@@ -246,11 +257,7 @@ def _measure_decoder(spec: BuildSpec) -> dict[str, Any]:
     if tokens.dtype.kind not in "iu":
         raise UsageError(f"{spec.tokens}: the tokens must be integer token ids, not {tokens.dtype}")
     prefill = 16 if spec.prefill is None else spec.prefill
-    t0 = time.perf_counter()
-    result = _compile(spec)
-    compile_s = time.perf_counter() - t0
-    mcpb_bytes = len(program_bytes(result.program))
-    loaded = from_program(result.program, source=f"{spec.name}.mcpb")
+    result, loaded, sizes, compile_s = _compiled(spec)
     dec = DecoderSession(loaded)
     t1 = time.perf_counter()
     ppl = dec.eval_ppl(tokens, spec.window, prefill)
@@ -270,21 +277,19 @@ def _measure_decoder(spec: BuildSpec) -> dict[str, Any]:
         "tpot_ms": ppl["tpot_ms"],
         "kv_bytes": ppl["kv_bytes"],
         "peak_memory_bytes": prof["memory"]["peak_bytes"],
-        "mcpb_bytes": mcpb_bytes,
-        "weight_bytes": len(result.program.constants),
+        **sizes,
         "windows": ppl["windows"],
         "predictions": ppl["predictions"],
         "compile_s": compile_s,
         "sim_s": sim_s,
     }
-    build = {k: v for k, v in result.report.items() if k not in ("pass_times", "output", "mcpc_version")}
-    return {
-        "metrics": metrics,
-        "memory": prof["memory"]["bytes_per_kind"],
-        "decoder": (result.program.meta or {}).get("decoder"),
-        "numeric": None if np.isfinite(ppl["perplexity"]) else f"simulated perplexity {ppl['perplexity']}",
-        "build": build,
-    }
+    return _row(
+        metrics,
+        prof,
+        result,
+        decoder=(result.program.meta or {}).get("decoder"),
+        numeric=None if np.isfinite(ppl["perplexity"]) else f"simulated perplexity {ppl['perplexity']}",
+    )
 
 
 def _inputs(spec: BuildSpec, loaded, random_inputs) -> dict:

@@ -37,7 +37,18 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
         )
         cal = q["calibration"]
         cal_text = "none" if cal is None else f"{cal['samples']} samples from {cal['source']}"
+        if cal is not None and "tokens" in cal:  # a decoder build's token windows
+            cal_text = f"{cal['samples']} windows ({cal['tokens']:,} tokens) from {cal['source']}"
         lines.append(f"quantization: {said}; calibration: {cal_text}")
+        kept = list({r["weight"]: r for r in rows if r["algorithm"] == "none"}.values())  # once a weight
+        if kept:
+            names = ", ".join(
+                r["layer"] + (" (LM head" + (", tied to the embedding" if r["tied_gathers"] else "") + ")"
+                              if r.get("lm_head") else "")
+                for r in kept
+            )  # fmt: skip
+            kept_bytes = sum(r["bytes"] for r in kept)
+            lines.append(f"kept in float: {names}: {_mb(kept_bytes)} of weights")
         acts = [r for f in q["functions"].values() for r in f["activations"]]
         if acts:
             lines.append(
@@ -67,7 +78,10 @@ def layer_table(report: dict[str, Any]):
         for r in f["layers"]:
             sens = r.get("sensitivity")
             table.add_row(
-                prefix + r["layer"] + (" (+ tied gather)" if r["tied_gathers"] else ""),
+                prefix
+                + r["layer"]
+                + (" (LM head)" if r.get("lm_head") else "")
+                + (" (+ tied gather)" if r["tied_gathers"] else ""),
                 "x".join(map(str, r["shape"])),
                 "-" if sens is None else f"{sens:.3g}",
                 r["precision"] + (f" g{r['group_size']}" if r.get("group_size") else ""),

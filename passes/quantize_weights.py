@@ -37,7 +37,21 @@ import numpy as np
 
 from mcpc.errors import InputError, PassError, UnsupportedError
 from mcpc.ir.core import Function, Module, Operation, Value
-from mcpc.ir.ops import ConstantOp, DequantizeOp, DivOp, GatherOp, MatMulOp, QuantizeOp
+from mcpc.ir.ops import (
+    AddOp,
+    CastOp,
+    ConstantOp,
+    DequantizeOp,
+    DivOp,
+    GatherOp,
+    MatMulOp,
+    MulOp,
+    QuantizeOp,
+    ReshapeOp,
+    SliceOp,
+    SubOp,
+    TransposeOp,
+)
 from mcpc.passes.calibration import CalibrationData, run_collecting
 from mcpc.passes.manager import Pass, PassContext, register_pass
 from mcpc.passes.weight_quantizer import QuantResult, _algos, quantize_weight, resolve_algorithm
@@ -58,6 +72,7 @@ class Layer:
     matmuls: list[MatMulOp] = field(default_factory=list)
     gathers: list[GatherOp] = field(default_factory=list)
     other_users: bool = False
+    lm_head: bool = False
 
     @property
     def k_axis(self) -> int:
@@ -104,7 +119,71 @@ def find_layers(func: Function) -> list[Layer]:
             else:
                 for layer in owned:
                     layer.other_users = True
-    return list(layers.values())
+    found = list(layers.values())
+    for layer in lm_head_layers(func, found):
+        layer.lm_head = True
+    return found
+
+
+# ops a logits tensor may pass through between the LM head and a model output: layout changes,
+# dtype casts, slices/gathers picking positions, and elementwise ops with a constant (a bias, a
+# logit scale)
+_LAYOUT_OPS = (ReshapeOp, TransposeOp, CastOp, SliceOp, GatherOp)
+_CONST_ELEMENTWISE = (AddOp, SubOp, MulOp, DivOp)
+
+
+def _reaches_output(func: Function, value: Value) -> bool:
+    """Whether ``value`` is a result of ``func`` or reaches one through layout ops only."""
+    outputs = {id(v) for v in func.outputs}
+    users: dict[int, list[Operation]] = {}
+    for op in func.ops:
+        for v in op.operands:
+            users.setdefault(id(v), []).append(op)
+    todo, seen = [value], set()
+    while todo:
+        v = todo.pop()
+        if id(v) in outputs:
+            return True
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        for op in users.get(id(v), []):
+            if isinstance(op, GatherOp) and op.operands[0] is not v:
+                continue
+            if isinstance(op, _CONST_ELEMENTWISE):
+                if not all(o is v or isinstance(o.owner, ConstantOp) for o in op.operands):
+                    continue
+            elif not isinstance(op, _LAYOUT_OPS):
+                continue
+            todo.extend(op.results)
+    return False
+
+
+def lm_head_layers(func: Function, layers: list[Layer]) -> list[Layer]:
+    """The layers that are an LM head, by graph structure: a weight tied to an embedding (a
+    constant table that a Gather also reads), or a matmul producing logits over the vocabulary —
+    its output width is the row count of the largest constant table a Gather reads (the token
+    embedding) and its result is a model output, directly or through layout ops (reshapes,
+    transposes, casts, slices and gathers of positions, elementwise ops with a constant).  An
+    encoder (MiniLM, BERT) has none: no matmul there projects onto the vocabulary."""
+    rows = [
+        op.operands[0].type.shape[0]
+        for op in func.ops
+        if isinstance(op, GatherOp)
+        and isinstance(op.operands[0].owner, ConstantOp)
+        and op.operands[0].type.rank == 2
+        and op.operands[0].type.dtype.is_float
+    ]
+    vocab = max(rows, default=None)
+    heads = []
+    for layer in layers:
+        if layer.gathers or (
+            vocab is not None
+            and layer.kn[1] == vocab
+            and any(_reaches_output(func, m.result) for m in layer.matmuls)
+        ):
+            heads.append(layer)
+    return heads
 
 
 def output_layer(func: Function) -> MatMulOp | None:
@@ -120,11 +199,16 @@ def output_layer(func: Function) -> MatMulOp | None:
 # -- settings per layer ------------------------------------------------------------------------------
 def layer_settings(quant, layer: Layer, bits: int | None = None):
     """The ``WeightQuant`` for ``layer`` (None: kept in float): the section's ``weights``, with
-    ``bits`` from sensitivity when given (0 = keep), then every matching override in order."""
+    ``bits`` from sensitivity when given (0 = keep), then ``lm_head`` for an LM head (kept by
+    default), then every matching override in order."""
     settings = quant.weights
     keep = bits == 0
     if bits:
         settings = settings.model_copy(update={"bits": bits})
+    head = getattr(quant, "lm_head", None)
+    if layer.lm_head and head is not None:
+        keep = keep or head.keep
+        settings = head.apply(settings)
     for o in quant.overrides:
         if any(fnmatch.fnmatchcase(n, o.pattern) for n in layer.names()):
             keep = keep or o.keep
@@ -243,19 +327,51 @@ def collect_inputs(func: Function, layers: list[Layer], calib: CalibrationData, 
     return stats
 
 
+def _stats_of(layers: list[Layer], stats: dict, source: str) -> list:
+    """Per layer the ``InputStats`` collected outside the interpreter (a decoder build's
+    calibration, keyed by matmul loc); a layer none of whose matmuls has them is an InputError."""
+    out = []
+    for layer in layers:
+        found = next((stats[m.loc] for m in layer.matmuls if m.loc in stats), None)
+        if found is None:
+            raise InputError(
+                f"quantize-weights: layer {layer.name!r} (weight {layer.weight_name!r}) has no "
+                f"calibration statistics from {source}: no node of the original graph computes its input"
+            )
+        out.append(found)
+    return out
+
+
 def quantize_function(
-    func: Function, quant, calib: CalibrationData | None, measure: bool = False, float_dtype=None
+    func: Function,
+    quant,
+    calib: CalibrationData | None,
+    measure: bool = False,
+    float_dtype=None,
+    stats=None,
 ):
     """Quantize ``func`` in place per ``quant`` (a ``Quantization``); return its report (JSON-ready)
     and the arrays behind it (per quantized layer its ``Layer``, ``QuantResult`` and float weight;
-    per matmul name the activation (scale, zero point)) for ``mcpc export-onnx``."""
+    per matmul name the activation (scale, zero point)) for ``mcpc export-onnx``.  ``stats`` (a
+    ``DecoderCalibration``) gives the layers' input statistics instead of ``calib``."""
     plan = plan_function(func, quant, calib, measure)
-    algos_needed = {resolve_algorithm(s, calib is not None) for s in plan.settings if s is not None}
+    have_data = calib is not None or stats is not None
+    algos_needed = {resolve_algorithm(s, have_data) for s in plan.settings if s is not None}
     observers: dict[int, Any] = {}
     for m in plan.act_matmuls:
         observers.setdefault(id(m.operands[0]), _observer(quant.calibration))
     xs = None
-    if calib is not None and (algos_needed & {"awq", "gptq"} or observers):
+    if stats is not None:
+        if observers:
+            raise UnsupportedError(
+                "quantize-weights: activation quantization (quantization.activations.where) in a "
+                "decoder build (--max-seq) is not implemented: its calibration collects the weights' "
+                "input statistics only"
+            )
+        quantized = [layer for layer, s in zip(plan.layers, plan.settings, strict=True) if s is not None]
+        found = dict(zip(map(id, quantized), _stats_of(quantized, stats.stats, stats.source), strict=True))
+        xs = [found.get(id(layer)) for layer in plan.layers]
+    elif calib is not None and (algos_needed & {"awq", "gptq"} or observers):
         xs = collect_inputs(func, plan.layers, calib, observers)
     rows, new_for_const, deq_of, details = [], {}, {}, []
     for i, (layer, settings) in enumerate(zip(plan.layers, plan.settings, strict=True)):
@@ -265,6 +381,7 @@ def quantize_function(
             "shape": list(layer.kn),
             "params": int(np.prod(layer.kn)),
             "tied_gathers": len(layer.gathers),
+            "lm_head": layer.lm_head,
             "float_bytes": int(layer.const.result.type.nbytes),
         }
         if layer.name in plan.sensitivity:
@@ -280,12 +397,13 @@ def quantize_function(
             rows.append(row)
             continue
         x = None
-        if resolve_algorithm(settings, calib is not None) in ("awq", "gptq"):
+        if resolve_algorithm(settings, have_data) in ("awq", "gptq"):
             x = xs[i]
             if x.rows == 0:
+                source = calib.source if calib is not None else stats.source
                 raise InputError(
                     f"quantize-weights: layer {layer.name!r} (weight {layer.weight_name!r}) saw no "
-                    f"calibration rows: its input is empty for every batch of {calib.source}; "
+                    f"calibration rows: its input is empty for every batch of {source}; "
                     "give calibration data that reaches it, or select a data-free algorithm (rtn or "
                     "mse) for it under quantization.overrides"
                 )
@@ -431,6 +549,7 @@ class QuantizeWeightsPass(Pass):
                 "quantize-weights: the QAT config has no quantization: section saying how to quantize"
             )
         calib = ctx.notes.get("calibration")
+        stats = ctx.notes.get("calibration_stats")  # a decoder build's (passes/decoder_calib.py)
         kept = None  # the dtype a layer left in float is stored in: the build's
         if ctx.config is not None:
             from mcpc.ir.dtypes import dtype_from_name
@@ -442,6 +561,13 @@ class QuantizeWeightsPass(Pass):
             "calibration": None if calib is None else {"source": calib.source, "samples": calib.samples},
             "functions": {},
         }
+        if stats is not None:
+            if quant.sensitivity is not None or measure:
+                raise UnsupportedError(
+                    "quantize-weights: sensitivity (quantization.sensitivity) in a decoder build "
+                    "(--max-seq) is not implemented: its calibration collects input statistics only"
+                )
+            report["calibration"] = {"source": stats.source, "samples": stats.samples, "tokens": stats.tokens}
         if calib is not None and len(module.functions) > 1:
             raise UnsupportedError(
                 f"quantize-weights: calibration of a module with several functions "
@@ -450,7 +576,9 @@ class QuantizeWeightsPass(Pass):
             )
         for func in module.functions.values():
             data = calib
-            report["functions"][func.name], detail = quantize_function(func, quant, data, measure, kept)
+            report["functions"][func.name], detail = quantize_function(
+                func, quant, data, measure, kept, stats
+            )
             ctx.notes.setdefault("quantized_arrays", {})[func.name] = detail
         ctx.notes["quantization"] = report
         return module

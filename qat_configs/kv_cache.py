@@ -35,8 +35,9 @@ class _Section(BaseModel):
 
 
 class DynamicWindow(_Section):
-    """The seed's heat window: a query attends from the furthest position whose accumulated
-    attention >= 0.6 x the mean of the last ``min_window`` positions (docs/kv-cache.md)."""
+    """The seed's heat window: a query attends from the furthest position whose heat (attention
+    received relative to a uniform head's) >= 0.6 x the mean of the last ``min_window`` positions
+    (docs/kv-cache.md)."""
 
     enabled: bool = False
     min_window: int = Field(default=DEFAULT_MIN_WINDOW, ge=1)

@@ -8,6 +8,7 @@ top-level section, qat_configs/kv_cache.py).
       weights: {bits: 4, group_size: 32, symmetric: true, scale_dtype: f16, algorithm: auto}
       activations: {dtype: i8, where: output_layer}      # f16 (the default): not quantized
       calibration: {method: ema, decay: 0.999, data: calib.npz}
+      lm_head: {keep: true}                                # the default: the LM head stays 16-bit
       overrides:
         - {pattern: "*lm_head*", keep: true}               # this layer stays in the float build dtype
       sensitivity: {metric: rel_l2, thresholds: {int6: 2.0e-3, int8: 1.0e-2}}
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 ALGORITHMS = ("rtn", "mse", "awq", "gptq", "auto")
 WEIGHT_BITS = (4, 6, 8)
@@ -109,12 +110,10 @@ class Calibration(_Section):
     samples: int | None = Field(default=None, ge=1)
 
 
-class Override(_Section):
-    """Settings for the layers whose name matches ``pattern`` (fnmatch, against the MatMul/Gemm
-    node name and the weight's initializer name): ``keep: true`` leaves the layer unquantized,
-    the other keys replace the ``weights`` settings."""
+class _LayerChange(_Section):
+    """``keep: true`` leaves a layer unquantized (in the float build dtype); the other keys replace
+    the ``weights`` settings for it."""
 
-    pattern: str = Field(min_length=1)
     keep: bool = False
     bits: int | None = None
     group_size: int | None = Field(default=None, ge=0)
@@ -123,14 +122,43 @@ class Override(_Section):
     algorithm: Literal["rtn", "mse", "awq", "gptq", "auto"] | None = None
     desc_act: bool | None = None
 
-    def apply(self, weights: WeightQuant) -> WeightQuant:
-        """``weights`` with this override's keys replaced (validated again)."""
-        changes = {
+    def changes(self) -> dict:
+        """The ``weights`` keys this entry sets."""
+        return {
             k: v
             for k, v in self.model_dump(exclude={"pattern", "keep"}).items()
             if v is not None and k in WeightQuant.model_fields
         }
-        return WeightQuant.model_validate({**weights.model_dump(), **changes})
+
+    def apply(self, weights: WeightQuant) -> WeightQuant:
+        """``weights`` with this entry's keys replaced (validated again)."""
+        return WeightQuant.model_validate({**weights.model_dump(), **self.changes()})
+
+
+class Override(_LayerChange):
+    """Settings for the layers whose name matches ``pattern`` (fnmatch, against the MatMul/Gemm
+    node name and the weight's initializer name): ``keep: true`` leaves the layer unquantized,
+    the other keys replace the ``weights`` settings."""
+
+    pattern: str = Field(min_length=1)
+
+
+class LmHead(_LayerChange):
+    """The LM head (found by graph structure, passes/quantize_weights.py ``lm_head_layers``): by
+    default (``keep: true``) it stays in the float build dtype, as production W4A16 recipes leave
+    it; ``keep: false`` quantizes it like the other layers, with any ``weights`` key replaced
+    (e.g. ``{keep: false, bits: 8}``).  Overrides naming it still win."""
+
+    keep: bool = True
+
+    @model_validator(mode="after")
+    def _keys_need_quantizing(self) -> LmHead:
+        if self.keep and self.changes():
+            raise ValueError(
+                f"{', '.join(self.changes())} set how to quantize the LM head, but keep: true leaves it "
+                "unquantized: add keep: false"
+            )
+        return self
 
 
 class Thresholds(_Section):
@@ -163,11 +191,17 @@ class Quantization(_Section):
     weights: WeightQuant = WeightQuant()
     activations: ActivationQuant = ActivationQuant()
     calibration: Calibration = Calibration()
+    lm_head: LmHead = LmHead()
     overrides: list[Override] = []
     sensitivity: Sensitivity | None = None
 
     @model_validator(mode="after")
     def _overrides_valid(self) -> Quantization:
+        try:
+            self.lm_head.apply(self.weights)
+        except ValidationError as exc:
+            msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
+            raise ValueError(f"lm_head: {msg}") from None
         for i, o in enumerate(self.overrides):
             try:
                 o.apply(self.weights)
@@ -180,6 +214,8 @@ class Quantization(_Section):
         """The key (dotted path) that needs calibration data, or None when the section builds without."""
         if self.weights.algorithm in ("awq", "gptq"):
             return f"quantization.weights.algorithm: {self.weights.algorithm}"
+        if not self.lm_head.keep and self.lm_head.algorithm in ("awq", "gptq"):
+            return f"quantization.lm_head.algorithm: {self.lm_head.algorithm}"
         for i, o in enumerate(self.overrides):
             if o.algorithm in ("awq", "gptq"):
                 return f"quantization.overrides[{i}].algorithm: {o.algorithm}"

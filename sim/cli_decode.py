@@ -91,6 +91,13 @@ def _print_timing(console, r: dict) -> None:
         "" if r["kv_bytes"] == r["kv_bytes_unshared"] else f" ({r['kv_bytes_unshared']:,} without sharing)"
     )
     console.print(f"KV bytes (peak)     {r['kv_bytes']:,}{shared}")
+    win = r.get("dynamic_window")
+    if win:
+        console.print(
+            f"Dynamic window      {win['narrowed_rows']} of {win['rows']} rows narrowed; left edge mean "
+            f"{win['mean_left']:.2f} (max {win['max_left']}), {win['mean_width']:.1f} positions attended "
+            "on average"
+        )
     store = r.get("kv_store")
     if store:
         k = store["settings"]

@@ -196,6 +196,20 @@ def _narrow_windows(
             length[r] -= edge
 
 
+def _window_report(steps: Sequence[dict]) -> dict | None:
+    """Where the dynamic window put the rows of ``steps`` (prefill and decode): how many rows, how
+    many attended fewer positions than the causal mask allows, the mean and largest left edge and
+    the mean width (positions attended); None without a dynamic window."""
+    lefts = [e for s in steps if s.get("window") for e in s["window"][0]]
+    widths = [w for s in steps if s.get("window") for w in s["window"][1]]
+    if not lefts:
+        return None
+    return {
+        "rows": len(lefts), "narrowed_rows": sum(e > 0 for e in lefts),
+        "mean_left": float(np.mean(lefts)), "max_left": int(max(lefts)), "mean_width": float(np.mean(widths)),
+    }  # fmt: skip
+
+
 def _nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """Negative log-likelihood of ``targets`` under each row of ``logits``, in float64."""
     z = np.asarray(logits, np.float64)
@@ -339,8 +353,12 @@ class DecoderSession:
             items.append(StepItem(self.kv.block_table(seq), past, toks))
         inputs, used = step_inputs(self.meta, rows, items)
         seqs = [seq for seq, _ in pairs]
+        window = None
         if self.heat is not None and self.heat.min_window is not None:
+            full = inputs["kv_len"].copy()
             _narrow_windows(inputs, rows, items, seqs, self.heat.window_left)
+            real = full > 0  # the rows of the call's tokens: their left edges and widths
+            window = ((full - inputs["kv_len"])[real].tolist(), inputs["kv_len"][real].tolist())
         written = self._written(items, seqs) if self.compressed is not None else {}
         if self.compressed is not None:
             self.compressed.before_call(inputs["kv_gather"][:used], written)
@@ -350,9 +368,11 @@ class DecoderSession:
         if self.heat is not None:
             blk, done = self.meta.block, []
             used_before = 0  # the sequence's first row in the gathered buffer (step_inputs' kv_start)
-            for seq, it in zip(seqs, items, strict=True):
-                total = it.past + len(it.tokens)
-                done.append((seq, used_before * blk, total))
+            for b, (seq, it) in enumerate(zip(seqs, items, strict=True)):
+                total, base = it.past + len(it.tokens), used_before * blk
+                r = b * rows + np.arange(len(it.tokens))  # the rows' attended spans [left, pos]
+                left = inputs["kv_start"][r].astype(np.int64) - base
+                done.append((seq, base, total, np.stack([left, it.past + np.arange(len(it.tokens))], 1)))
                 used_before += -(-total // blk)
             self.heat.after_call(done)
         if self.compressed is not None:
@@ -364,7 +384,7 @@ class DecoderSession:
              "context": [it.past + len(it.tokens) for it in items],
              "kv_bytes": self.kv.bytes_of([s for s, _ in pairs]), "attention_cycles": int(attention),
              "dram_read_bytes": int(prof.get("dram_read_bytes", 0)),
-             "chain_cycles": (prof.get("roofline") or {}).get("chain_latency_cycles")}
+             "chain_cycles": (prof.get("roofline") or {}).get("chain_latency_cycles"), "window": window}
         )  # fmt: skip
         if self.timing_only:
             return None
@@ -516,6 +536,7 @@ class DecoderSession:
             "weight_bytes_per_step": self.step_weight_bytes,
             "kv_store": None if self.compressed is None else self.compressed.report(),
             "dram_bandwidth_gbps": self.target.dram.bandwidth_gbps,
+            "dynamic_window": _window_report(steps),
         }
         if dec:
             cyc = float(np.mean([s["cycles"] for s in dec]))

@@ -25,11 +25,14 @@ What the cache stores is kept here, per block, as the bytes ``mcpc.kv.store_kv_b
 Attention statistics (``AttentionHeat``): a build whose policy or dynamic window reads the
 model's attention (META ``decoder.heat``) has its ``vattn``s write the attention heat of each call
 into the ``kv_heat`` global; after each call the host adds it, per sequence, layer, query head and
-sequence position, to what the sequence accumulated over its calls.  When a block is stored with
-the policy, ``heavy_hitter`` gets the block's positions' heat (per KV head: the sum over its query
-heads) and ``topk_entropy`` each KV head's entropy of that accumulated attention (``heat_entropy``
-over the sequence's positions so far); the dynamic window narrows each row's ``kv_start`` /
-``kv_len`` (``DecoderSession``).  A program built without heat (an older .mcpb) falls back to the
+sequence position, to what the sequence accumulated over its calls, and counts, per position, the
+rows that attended it and a uniform head's share (the sum of 1 / (positions attended) over those
+rows).  What the policies and the window read is ``relative_heat``: accumulated over uniform share
+(docs/kv-cache.md, "What heat is").  When a block is stored with the policy, ``heavy_hitter`` gets
+the block's positions' relative heat (per KV head: the mean over its query heads) and
+``topk_entropy`` each KV head's entropy of it (``heat_entropy`` over the sequence's positions so
+far); the dynamic window narrows each row's ``kv_start`` / ``kv_len`` (``DecoderSession``).
+A program built without heat (an older .mcpb) falls back to the
 stated approximations of before: ``heavy_hitter``'s heat of a token the L2 norm of its K row,
 ``topk_entropy`` equal head entropies.  A timing-only run computes no heat: its block sizes are
 nominal and its rows attend every position.
@@ -53,6 +56,7 @@ from mcpc.kv import (
     heat_entropy,
     load_kv_block,
     nominal_block_bytes,
+    relative_heat,
     store_kv_block,
 )
 from mcpc.kv.pool import COMPRESSED, DESC, PLAIN, POOL, desc_column, descriptor, slot_offset
@@ -236,7 +240,10 @@ class CompressedKV:
 class AttentionHeat:
     """The attention each sequence's positions received, accumulated over its calls, from the
     ``kv_heat`` global the program writes (META ``decoder.heat``: its name and ``positions``, the
-    gathered positions per layer; ``min_window`` the dynamic window, or None)."""
+    gathered positions per layer; ``min_window`` the dynamic window, or None).  Beside it, per
+    position, the rows that attended it (``counts``) and the uniform share (``shares``: the sum of
+    1 / (positions the row attended) over those rows), so that the policies and the window read
+    ``relative_heat``: attention received relative to what a uniform head would have given."""
 
     def __init__(self, meta, session, timing_only: bool = False):
         self.meta, self.session, self.timing_only = meta, session, timing_only
@@ -244,46 +251,66 @@ class AttentionHeat:
         mw = meta.heat.get("min_window")
         self.min_window = None if mw is None else int(mw)
         self.seqs: dict[object, np.ndarray] = {}  # seq -> [layers, q_heads, max_seq] float64
+        self.counts: dict[object, np.ndarray] = {}  # seq -> [max_seq] rows that attended a position
+        self.shares: dict[object, np.ndarray] = {}  # seq -> [max_seq] a uniform head's heat
 
-    def after_call(self, items: Sequence[tuple[object, int, int]]) -> None:
+    def after_call(self, items: Sequence[tuple[object, int, int, np.ndarray]]) -> None:
         """Add this call's heat: ``items`` (sequence, its first row in the gathered buffer, its
-        positions after the call); gathered row base + p is the sequence's position p."""
+        positions after the call, the call's query rows as [n, 2] spans (left, pos): row i
+        attended positions left..pos); gathered row base + p is the sequence's position p."""
         if self.timing_only:
             return
         m = self.meta
         view = self.session.persistent_view(self.name).reshape(m.layers, self.positions, m.q_heads)
-        for seq, base, total in items:
+        for seq, base, total, spans in items:
             acc = self.seqs.get(seq)
             if acc is None:
                 acc = self.seqs[seq] = np.zeros((m.layers, m.q_heads, m.max_seq), np.float64)
+                self.counts[seq] = np.zeros(m.max_seq, np.int64)
+                self.shares[seq] = np.zeros(m.max_seq, np.float64)
             acc[:, :, :total] += view[:, base : base + total, :].transpose(0, 2, 1)
+            for left, pos in np.asarray(spans, np.int64).reshape(-1, 2):
+                self.counts[seq][left : pos + 1] += 1
+                self.shares[seq][left : pos + 1] += 1.0 / (pos - left + 1)
 
     def free(self, seq) -> None:
-        self.seqs.pop(seq, None)
+        for d in (self.seqs, self.counts, self.shares):
+            d.pop(seq, None)
 
-    def _get(self, seq) -> np.ndarray:
+    def relative(self, seq, layer: int | None, lo: int, hi: int) -> np.ndarray:
+        """``relative_heat`` of positions [lo, hi): [q_heads, hi - lo] for a ``layer``, or
+        [layers, q_heads, hi - lo] for None (all zero for a sequence without heat)."""
         acc = self.seqs.get(seq)
         if acc is None:
             m = self.meta
-            return np.zeros((m.layers, m.q_heads, m.max_seq), np.float64)
-        return acc
+            shape = (m.q_heads, hi - lo) if layer is not None else (m.layers, m.q_heads, hi - lo)
+            return np.zeros(shape, np.float64)
+        acc = acc[:, :, lo:hi] if layer is None else acc[layer, :, lo:hi]
+        return relative_heat(acc, self.shares[seq][lo:hi])
 
     def kv_heat(self, seq, layer: int, lo: int, hi: int) -> np.ndarray:
-        """Heat of positions [lo, hi) per KV head (the sum over its query heads): [kv_heads, hi - lo]."""
+        """Relative heat of positions [lo, hi) per KV head (the mean over its query heads):
+        [kv_heads, hi - lo]."""
         m = self.meta
-        h = self._get(seq)[layer, :, lo:hi]
-        return h.reshape(m.kv_heads, m.q_heads // m.kv_heads, hi - lo).sum(axis=1)
+        h = self.relative(seq, layer, lo, hi)
+        return h.reshape(m.kv_heads, m.q_heads // m.kv_heads, hi - lo).mean(axis=1)
 
     def entropy(self, seq, layer: int, total: int) -> np.ndarray:
-        """Each KV head's entropy of its accumulated attention over positions [0, total): [kv_heads]."""
-        return heat_entropy(self._get(seq)[layer, :, :total], self.meta.kv_heads)
+        """Each KV head's entropy of its relative heat over positions [0, total): [kv_heads]."""
+        return heat_entropy(self.relative(seq, layer, 0, total), self.meta.kv_heads)
 
     def window_left(self, seq, pos: int) -> int:
         """The dynamic window's left edge for the query at ``pos`` (0 without a dynamic window or
-        heat): the seed's heat rule over the heat of positions 0..pos summed over layers and heads."""
+        heat): the seed's heat rule over the relative heat, the mean over layers and query heads, of
+        the positions some earlier call's rows attended (those of this call, ``pos`` among them,
+        have none yet: they would read as cold); the edge is at most ``pos - min_window + 1``."""
         if self.min_window is None or self.timing_only or seq not in self.seqs:
             return 0
-        return dynamic_window_left(self.seqs[seq][:, :, : pos + 1].sum(axis=(0, 1)), self.min_window)
+        seen = int((self.counts[seq][:pos] > 0).sum())  # positions 0..seen-1 (a prefix)
+        if seen == 0:
+            return 0
+        heat = self.relative(seq, None, 0, seen).mean(axis=(0, 1))
+        return min(dynamic_window_left(heat, self.min_window), max(0, pos - self.min_window + 1))
 
 
 class _Pool:

@@ -11,6 +11,7 @@ from mcpc.kv.policies import (
     dynamic_window_left,
     heat_entropy,
     keep_count,
+    relative_heat,
 )
 from mcpc.kv.store import (
     AttentionStats,
@@ -37,5 +38,6 @@ __all__ = [
     "keep_count",
     "load_kv_block",
     "nominal_block_bytes",
+    "relative_heat",
     "store_kv_block",
 ]

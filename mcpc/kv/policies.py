@@ -15,8 +15,9 @@ finite magnitude, so the element-wise policies keep a non-finite value while the
   apportionment; a head never gets more than it holds, the excess goes to the others); each head's
   share is split over its tiles in proportion to their sizes, then top-k by magnitude per tile.
 * ``heavy_hitter`` (H2O, token level): per head, the tokens of the last ``recent`` positions of the
-  sequence are always kept; on top, the tokens with the largest accumulated attention ("heat") up
-  to ``keep_count(rows)`` tokens in all.  A kept token keeps its whole row.
+  sequence are always kept; on top, the tokens with the largest heat (on the served path the
+  attention received relative to a uniform head's, ``relative_heat``) up to ``keep_count(rows)``
+  tokens in all.  A kept token keeps its whole row.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def heavy_hitter(
 ) -> np.ndarray:
     """H2O at token level: per head, the rows (tokens at positions ``first_position + i``) of the
     last ``recent`` positions of a ``seq_len``-token sequence, plus the hottest others (``heat``
-    [heads, rows], accumulated attention) up to ``keep_count(rows, ratio)`` tokens."""
+    [heads, rows]: on the served path ``relative_heat``) up to ``keep_count(rows, ratio)`` tokens."""
     x = np.asarray(x)
     heads, rows, _ = x.shape
     heat = np.asarray(heat, np.float64)
@@ -179,10 +180,25 @@ def attention_heat(probs: np.ndarray, kv_heads: int) -> np.ndarray:
     return _grouped(p, kv_heads).sum(axis=1)
 
 
+def relative_heat(heat: np.ndarray, share: np.ndarray) -> np.ndarray:
+    """Accumulated attention made comparable across positions: ``heat`` [..., positions] (the
+    attention each position received, summed over the query rows that saw it) divided by
+    ``share`` [positions], what a uniform head would have given it over the same rows (the sum of
+    1 / (positions the row attended) over the rows that attended it).  1 = attended as much as
+    uniform attention would have; a position no row has seen yet (share 0) has 0.  The causal
+    mask makes raw accumulated heat favour old positions twice: they have been seen by more rows,
+    and by early rows that spread their attention over few positions; both cancel here
+    (docs/kv-cache.md, "What heat is")."""
+    heat = np.asarray(heat, np.float64)
+    share = np.asarray(share, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(share > 0, heat / np.where(share > 0, share, 1.0), 0.0)
+
+
 def heat_entropy(heat: np.ndarray, kv_heads: int) -> np.ndarray:
-    """Entropy (nats) of each query head's accumulated attention: ``heat`` [q_heads, positions]
-    (the attention probability each position received, summed over query rows and steps) normalized
-    to a distribution over the positions; averaged over the query heads sharing a KV head:
+    """Entropy (nats) of each query head's heat: ``heat`` [q_heads, positions] (on the served path
+    ``relative_heat``, the attention received relative to a uniform head's) normalized to a
+    distribution over the positions; averaged over the query heads sharing a KV head:
     [kv_heads].  A head whose heat is all zero (or not finite) has entropy 0."""
     h = np.asarray(heat, np.float64)
     total = h.sum(axis=1, keepdims=True)
@@ -196,7 +212,8 @@ def heat_entropy(heat: np.ndarray, kv_heads: int) -> np.ndarray:
 
 def dynamic_window_left(heat: np.ndarray, min_window: int, factor: float = HEAT_FACTOR) -> int:
     """The seed's dynamic attention window for the query at position ``pos = len(heat) - 1``:
-    ``heat`` [pos + 1] the accumulated attention of positions 0..pos.  The left edge is the
+    ``heat`` [pos + 1] the heat of positions 0..pos (on the served path ``relative_heat``, the mean
+    over layers and query heads).  The left edge is the
     furthest (smallest) position whose heat >= ``factor`` x the mean heat of the last
     ``min_window`` positions, and never right of ``pos - min_window + 1`` (the window keeps at
     least ``min_window`` positions; when no position qualifies, e.g. NaN heat, it is exactly

@@ -107,9 +107,10 @@ class KvSettings:
 @dataclass(frozen=True)
 class AttentionStats:
     """What the attention-driven policies need about one layer block.  ``head_entropy`` [kv_heads]
-    (``topk_entropy``; ``policies.attention_entropy``); ``heat`` [kv_heads, rows] the accumulated
-    attention of the block's positions (``heavy_hitter``; ``policies.attention_heat`` summed over
-    steps); ``first_position`` the sequence position of the block's first row and ``seq_len`` the
+    (``topk_entropy``; ``policies.attention_entropy``); ``heat`` [kv_heads, rows] the heat of
+    the block's positions (``heavy_hitter``; on the served path ``policies.relative_heat``: the
+    attention accumulated over the steps relative to a uniform head's); ``first_position`` the
+    sequence position of the block's first row and ``seq_len`` the
     sequence's current length (``heavy_hitter``'s recent window)."""
 
     head_entropy: np.ndarray | None = None

@@ -189,6 +189,12 @@ def test_quantization_section_validates_with_key_paths():
     assert "int6 (0.1) must not exceed int8 (0.01)" in msg
     msg = _error(QUANT + "  overrides:\n    - {pattern: 'x', bits: 5}\n")
     assert "overrides[0] ('x')" in msg
+    msg = _error(QUANT + "  lm_head: {bits: 8}\n")
+    assert "quantization.lm_head: bits set how to quantize the LM head, but keep: true" in msg
+    assert "lm_head: bits: expected one of 4, 6, 8, got 5" in _error(
+        QUANT + "  lm_head: {keep: false, bits: 5}\n"
+    )
+    assert "quantization.lm_head.kep: unknown key" in _error(QUANT + "  lm_head: {kep: false}\n")
     assert "quantization.weigths: unknown key" in _error(QUANT.replace("  weights:", "  weigths:"))
 
 

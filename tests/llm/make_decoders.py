@@ -173,12 +173,17 @@ def with_past(model):
                 past_key_values=cache,
                 use_cache=True,
             )
-            flat = []
-            for layer in out.past_key_values.layers[:layers]:
-                flat += [layer.keys, layer.values]
-            return (out.logits, *flat)
+            return (out.logits, *flat_present(out.past_key_values, layers))
 
     return WithPast().eval()
+
+
+def flat_present(cache, layers: int) -> list:
+    """A transformers cache's K/V as one flat list: layer 0 key, layer 0 value, layer 1 key, ..."""
+    flat = []
+    for layer in cache.layers[:layers]:
+        flat += [layer.keys, layer.values]
+    return flat
 
 
 def kv_names(layers: int, prefix: str) -> list[str]:

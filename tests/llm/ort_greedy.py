@@ -1,23 +1,7 @@
-"""The ONNX Runtime reference for served decoding: a decoder graph "with past" run in its own KV loop.
-
-A with-past graph takes the new tokens and the K/V of everything before them and returns the
-logits of the new tokens and the extended K/V.  Both naming conventions in use are understood:
-``past_key_values.{i}.key|value`` -> ``present.{i}.key|value`` (transformers exports, with an
-``attention_mask`` over past and new tokens and ``position_ids``) and ``past_key_<i>`` /
-``past_value_<i>`` -> ``present_key_<i>`` / ``present_value_<i>`` (``tests/torch_models``).
-
-* ``greedy(model, prompt_ids, max_new_tokens)``: a prefill of the prompt with past length 0, then
-  one token per step, feeding each step's present back as the next step's past -> the greedy ids;
-* ``ort_nll(model, tokens, window, prefill=16)``: the negative log-likelihoods of eval-ppl's
-  protocol (non-overlapping windows, each a fresh sequence: a prefill of the first ``prefill``
-  tokens, then one decode step per token; token t+1 scored from the logits at t, so window − 1
-  values per window); ``perplexity(nll) = exp(mean nll)``.
-
-``model`` is a path or an ``OrtDecoder`` (make one to reuse its session across calls).  ONNX
-Runtime runs on the CPU with graph optimizations off (plain op-by-op semantics, as ``mcpc check``
-runs it).  The loop lives in the package (``mcpc/ort_decoder.py``, which ``mcpc ci``'s
-perplexity budgets use); this file re-exports it for the tests and is its command (the reference
-figures beside ``mcpc sim generate`` / ``mcpc sim eval-ppl``)::
+"""The command-line form of the ONNX Runtime reference for served decoding, and its re-export for the
+tests: the loop itself (``greedy``, ``ort_nll``, ``perplexity``, ``OrtDecoder``; both K/V naming
+conventions) is ``mcpc/ort_decoder.py`` - read its docstring for the protocol.  The reference figures
+beside ``mcpc sim generate`` / ``mcpc sim eval-ppl``::
 
     .venv/bin/python tests/llm/ort_greedy.py MODEL.onnx --prompt-ids IDS.npy --max-new-tokens N
     .venv/bin/python tests/llm/ort_greedy.py MODEL.onnx --tokens TOKENS.npy --window W [--prefill P]

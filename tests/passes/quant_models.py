@@ -7,10 +7,20 @@ from conftest import make_model, vi
 from onnx import TensorProto, helper, numpy_helper
 
 
-def tiny_lm(vocab: int = 50, hidden: int = 64, ffn: int = 80, seq: int = 8, seed: int = 0):
+def tiny_lm(
+    vocab: int = 50,
+    hidden: int = 64,
+    ffn: int = 80,
+    seq: int = 8,
+    seed: int = 0,
+    untied: bool = False,
+    out: int | None = None,
+):
     """``ids`` [1, seq] -> Gather(E) -> MatMul W1 + b1 -> Relu -> MatMul W2 -> + residual ->
     MatMul(h, Transpose(E)) = ``logits`` [1, seq, vocab]: the embedding table is tied to the LM
-    head.  ``ffn`` not a multiple of 32 gives W2 a short last group."""
+    head.  ``ffn`` not a multiple of 32 gives W2 a short last group.  ``untied``: the last matmul
+    reads its own weight H [hidden, out] (``out`` defaults to ``vocab``), plus a bias, then a
+    Reshape to [seq, out]."""
     rng = np.random.default_rng(seed)
     inits = {
         "E": rng.standard_normal((vocab, hidden)).astype(np.float32) * np.float32(0.5),
@@ -28,10 +38,22 @@ def tiny_lm(vocab: int = 50, hidden: int = 64, ffn: int = 80, seq: int = 8, seed
         helper.make_node("Transpose", ["E"], ["Et"], name="tie", perm=[1, 0]),
         helper.make_node("MatMul", ["h1", "Et"], ["logits"], name="lm_head"),
     ]
+    out_shape = [1, seq, vocab]
+    if untied:
+        out = vocab if out is None else out
+        inits["H"] = (rng.standard_normal((hidden, out)) / np.sqrt(hidden)).astype(np.float32)
+        inits["hb"] = rng.standard_normal(out).astype(np.float32) * np.float32(0.1)
+        inits["shape"] = np.array([seq, out], np.int64)
+        nodes[-2:] = [
+            helper.make_node("MatMul", ["h1", "H"], ["mh"], name="lm_head"),
+            helper.make_node("Add", ["mh", "hb"], ["ah"], name="lm_head_bias"),
+            helper.make_node("Reshape", ["ah", "shape"], ["logits"], name="flat"),
+        ]
+        out_shape = [seq, out]
     return make_model(
         nodes,
         [vi("ids", [1, seq], TensorProto.INT64)],
-        [vi("logits", [1, seq, vocab])],
+        [vi("logits", out_shape)],
         [numpy_helper.from_array(v, k) for k, v in inits.items()],
         name="tiny_lm",
     )

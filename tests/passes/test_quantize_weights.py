@@ -20,10 +20,15 @@ from mcpc.passes.calibration import CalibrationData, load_calibration, run_colle
 from mcpc.passes.quantize_weights import find_layers
 from mcpc.passes.weight_stats import weight_stats
 from mcpc.qat_configs import load_config, parse_config
+from mcpc.qat_configs.quantization import LmHead
 
 load_all_passes()
 
 W4 = load_config("qat_w4a16.yaml")
+# qat_w4a16 with its LM head quantized too (the default keeps it in float)
+W4_HEAD = W4.model_copy(
+    update={"quantization": W4.quantization.model_copy(update={"lm_head": LmHead(keep=False)})}
+)
 
 
 def _config(quantization: str, weights: str = "i4", activations: str = "f32", pipeline: str = "quant-fp32"):
@@ -57,7 +62,7 @@ def _feeds(seed=3):
 
 
 def test_w4a16_ir_contract_on_a_tied_lm():
-    module, report = _quantize(tiny_lm(), W4)
+    module, report = _quantize(tiny_lm(), W4_HEAD)
     func = module.main
     deqs = {op.loc: op for op in func.ops if isinstance(op, ops.DequantizeOp)}
     mm = [op for op in func.ops if isinstance(op, ops.MatMulOp)]
@@ -94,7 +99,7 @@ def test_quantized_ir_output_is_x_times_dequantized_weights():
     """The interpreter on the quantized IR equals the f32 model run with each weight replaced by
     dequant(codes, scale, zero point) — bit for bit — and the embedding rows are the dequantized rows."""
     model = tiny_lm()
-    module, _ = _quantize(model, W4)
+    module, _ = _quantize(model, W4_HEAD)
     reference = PassManager(build_pipeline("fold-constants")).run(import_onnx(model))
     layers = find_layers(reference.main)
     by_loc = {op.loc: op.operands[1].owner for op in module.main.ops if isinstance(op, ops.MatMulOp)}
@@ -119,7 +124,7 @@ def test_quantized_ir_output_is_x_times_dequantized_weights():
 def test_fp16_pipeline_keeps_codes_and_converts_the_rest():
     module = import_onnx(tiny_lm())
     pipeline = "fold-constants,quantize-weights,convert-precision{dtype=f16},dce"
-    module = PassManager(build_pipeline(pipeline)).run(module, PassContext(config=W4))
+    module = PassManager(build_pipeline(pipeline)).run(module, PassContext(config=W4_HEAD))
     deqs = [op for op in module.walk() if isinstance(op, ops.DequantizeOp)]
     assert {str(d.result.type.dtype) for d in deqs} == {"f16"}
     assert {str(d.operands[0].type.dtype) for d in deqs} == {"i4"}
@@ -151,10 +156,51 @@ def test_override_keeps_the_lm_head_and_int6_sits_in_int8_containers():
     assert rows["up"]["bytes"] == 64 * 80 + 4 * 80 * 2 + 4 * 80
 
 
+def test_the_lm_head_stays_float_by_default_tied_or_not():
+    """qat_w4a16 leaves the LM head in the float build dtype, found by structure: a weight tied to
+    the embedding gather, or a matmul whose output width is the embedding's row count (the
+    vocabulary) and whose result reaches the model output through a bias and a reshape.  A last
+    matmul of another width is an ordinary layer; ``lm_head: {keep: false, bits: 8}`` quantizes
+    the head at 8 bits, and an override naming it still wins."""
+    module, report = _quantize(tiny_lm(), W4)
+    rows = {r["layer"]: r for r in report["functions"]["main"]["layers"]}
+    assert [(n, r["lm_head"], r["algorithm"]) for n, r in rows.items()] == [
+        ("up", False, "mse"),
+        ("down", False, "mse"),
+        ("lm_head", True, "none"),
+    ]
+    assert rows["lm_head"]["precision"] == "f16 (kept)" and rows["lm_head"]["bytes"] == 50 * 64 * 2
+    lm = [op for op in module.main.ops if isinstance(op, ops.MatMulOp)][-1]
+    (gather,) = [op for op in module.main.ops if isinstance(op, ops.GatherOp)]
+    assert isinstance(lm.operands[1].owner, ops.ConstantOp)  # the float table, for both readers
+    assert gather.operands[0].owner is lm.operands[1].owner
+
+    untied = {r["layer"]: r for r in _quantize(tiny_lm(untied=True), W4)[1]["functions"]["main"]["layers"]}
+    assert untied["lm_head"]["lm_head"] and untied["lm_head"]["algorithm"] == "none"
+    assert not untied["lm_head"]["tied_gathers"]
+    other = {
+        r["layer"]: r for r in _quantize(tiny_lm(untied=True, out=40), W4)[1]["functions"]["main"]["layers"]
+    }
+    assert not other["lm_head"]["lm_head"] and other["lm_head"]["precision"] == "i4"
+
+    head8 = _config(
+        "  weights: {bits: 4, group_size: 32, algorithm: rtn}\n  lm_head: {keep: false, bits: 8}\n"
+    )
+    rows = {r["layer"]: r for r in _quantize(tiny_lm(), head8)[1]["functions"]["main"]["layers"]}
+    assert (rows["up"]["precision"], rows["lm_head"]["precision"]) == ("i4", "i8")
+    wins = _config(
+        "  weights: {bits: 4, group_size: 32, algorithm: rtn}\n"
+        "  overrides:\n    - {pattern: lm_head, bits: 8}\n"
+    )
+    rows = {r["layer"]: r for r in _quantize(tiny_lm(), wins)[1]["functions"]["main"]["layers"]}
+    assert rows["lm_head"]["precision"] == "i8"
+
+
 def test_fp8_weights_and_int4_activations():
     cfg = _config(
         "  weights: {format: f8e4m3fn, bits: 8, group_size: 0, scale_dtype: f32, algorithm: rtn}\n"
-        "  activations: {dtype: i4, where: all}\n  calibration: {method: minmax}\n",
+        "  activations: {dtype: i4, where: all}\n  calibration: {method: minmax}\n"
+        "  lm_head: {keep: false}\n",
         weights="f8e4m3fn",
         activations="i4",
     )

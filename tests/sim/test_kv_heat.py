@@ -17,7 +17,7 @@ import mcpc
 import mcpc.sim.kv_store as kv_store
 from mcpc import driver
 from mcpc.ir.decoder_import import DecoderBuild
-from mcpc.kv import KvSettings, dynamic_window_left, heat_entropy, keep_count
+from mcpc.kv import KvSettings, dynamic_window_left, heat_entropy, keep_count, relative_heat
 from mcpc.kv.policies import apportion, heavy_hitter
 from mcpc.qat_configs.kv_cache import KvCache, with_kv_flags
 from mcpc.sim.decoder import DecoderSession, _narrow_windows
@@ -83,6 +83,15 @@ def test_accumulated_heat_is_the_interpreters_and_sums_to_the_query_rows(builds)
     rows = len(PROMPT) + 5
     np.testing.assert_allclose(got.sum(axis=2), rows, rtol=1e-4)
     assert not got[:, :, rows:].any()
+    # each position was attended by the rows at and after it (a 16-row prefill chunk, then decode)
+    counts, shares = sim.heat.counts[seqs[0]], sim.heat.shares[seqs[0]]
+    assert counts[:rows].tolist() == [rows - p for p in range(rows)] and not counts[rows:].any()
+    np.testing.assert_allclose(shares[:rows], [sum(1 / (q + 1) for q in range(p, rows)) for p in range(rows)])
+    np.testing.assert_array_equal(ref.heat.shares[seqs[1]], shares)
+    # relative heat: the heads' mean is near 1 (a uniform head would be exactly 1)
+    rel = sim.heat.relative(seqs[0], None, 0, rows)
+    np.testing.assert_allclose(rel, got[:, :, :rows] / shares[:rows])
+    assert 0.5 < rel.mean() < 2
     assert sim.compressed.report()["stats"] == "the model's attention (vattn heat)"
 
 
@@ -108,6 +117,8 @@ def test_heavy_hitter_keeps_the_hottest_tokens_not_the_largest_k_rows(builds, mo
     differ = 0
     for block, layer, stats, stored in calls[::2]:  # the K calls
         np.testing.assert_array_equal(stats.heat, dec.heat.kv_heat(seq, layer, 0, 64))
+        acc = dec.heat.seqs[seq][layer, :, :64].reshape(block.shape[0], -1, 64)
+        np.testing.assert_allclose(stats.heat, (acc / dec.heat.shares[seq][:64]).mean(axis=1))
         assert (stats.first_position, stats.seq_len) == (0, 64)
         real = heavy_hitter(block, 0.7, stats.heat, 0, 64, 16)
         k = block.astype(np.float32)
@@ -131,7 +142,7 @@ def test_topk_entropy_splits_the_budget_by_the_heads_attention_entropy(builds, m
     uneven = 0
     for block, layer, stats, stored in calls:
         heads, rows, d = block.shape
-        ent = heat_entropy(dec.heat.seqs[seq][layer, :, :64], heads)
+        ent = heat_entropy(relative_heat(dec.heat.seqs[seq][layer, :, :64], dec.heat.shares[seq][:64]), heads)
         np.testing.assert_array_equal(stats.head_entropy, ent)
         assert (ent > 0).all()
         want = apportion(keep_count(heads * rows * d, 0.7), ent, np.full(heads, rows * d))
@@ -160,8 +171,8 @@ def test_the_dynamic_window_narrows_each_row_by_the_heat_rule(builds, monkeypatc
     acc = dec.heat.seqs[seq]
     # recent positions hot, the first 30 cold: the rule's left edge moves past them
     acc[:, :, :30] *= 1e-3
-    heat_before = acc.copy()
-    want = dynamic_window_left(acc[:, :, :41].sum(axis=(0, 1)), 8)
+    heat_before, counts_before = acc.copy(), dec.heat.counts[seq].copy()
+    want = dynamic_window_left((acc[:, :, :40] / dec.heat.shares[seq][:40]).mean(axis=(0, 1)), 8)
     assert 0 < want <= 40 - 8 + 1
     seen = []
     real = dec.session.run
@@ -176,6 +187,16 @@ def test_the_dynamic_window_narrows_each_row_by_the_heat_rule(builds, monkeypatc
     added = dec.heat.seqs[seq] - heat_before
     assert not added[:, :, :want].any() and added[:, :, want:41].sum() > 0  # left of the edge: unread
     np.testing.assert_allclose(added.sum(axis=2), 1.0, rtol=1e-4)
+    seen = dec.heat.counts[seq] - counts_before  # the decode row counts only where it attended
+    assert not seen[:want].any() and (seen[want:41] == 1).all()
+    # the report says where the window put every row (eval-ppl / generate --json "dynamic_window")
+    assert dec.steps[-1]["window"] == ([want], [41 - want])
+    lefts = [e for s in dec.steps for e in s["window"][0]]
+    report = dec._timing(dec.steps)["dynamic_window"]
+    assert report["rows"] == 41 and report["max_left"] == max(lefts) >= want
+    assert report["narrowed_rows"] == sum(e > 0 for e in lefts) >= 1
+    assert report["mean_left"] == pytest.approx(np.mean(lefts))
+    assert report["mean_width"] == pytest.approx(np.mean([p + 1 - e for p, e in enumerate(lefts)]))
 
 
 def test_timing_only_runs_have_no_heat_and_attend_every_position(builds):
@@ -190,6 +211,7 @@ def test_timing_only_runs_have_no_heat_and_attend_every_position(builds):
         dec.decode([seq], [1])
         cycles.append([s["cycles"] for s in dec.steps])
     assert cycles[0] == cycles[1]
+    assert full._timing(full.steps)["dynamic_window"] is None  # no window in this build
     assert timed.heat.seqs == {} and timed.heat.window_left(0, 50) == 0
 
 
