@@ -112,13 +112,13 @@ def run_row(key: str, flags: list[str], args: argparse.Namespace) -> dict:
         ):
             print(f"{key}: reused {record_path}", file=sys.stderr)
             return record
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip() or None  # fmt: skip
     print(f"{key}: building ...", file=sys.stderr, flush=True)
     build = _timed(build_cmd, work / f"{key}.build.log")
     print(f"{key}: built in {build['wall_s']} s; evaluating ...", file=sys.stderr, flush=True)
     ev = _timed(eval_cmd, work / f"{key}.eval.log")
     report = json.loads(eval_json.read_text())
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, check=False).stdout.strip() or None  # fmt: skip
     record = {
         "key": key, "commit": commit, "build": build, "eval": ev, "perplexity": report["perplexity"],
         "kv_bytes": report["kv_bytes"], "cycles_per_token": report["cycles_per_token"],
