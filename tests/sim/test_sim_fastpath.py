@@ -28,18 +28,25 @@ def _same(a: dict, b: dict) -> None:
         assert a[name].dtype == b[name].dtype and a[name].tobytes() == b[name].tobytes(), name
 
 
+def _runs_equal_fresh(result, examples_dir, name, runs, seed, monkeypatch):
+    """Run a compiled example ``runs`` times on its own machine (the bundled inputs, then fresh
+    random ``x``), each equal to a fresh machine's run bit for bit; the loaded program."""
+    program = from_program(result.program)
+    with np.load(examples_dir / f"{name}.npz") as data:
+        base = dict(data)
+    rng = np.random.default_rng(seed)
+    for i in range(runs):
+        inputs = dict(base, x=rng.standard_normal(base["x"].shape).astype(np.float32)) if i else base
+        _same(run_program(program, inputs).outputs, _fresh(from_program(result.program), inputs, monkeypatch))
+    return program
+
+
 @pytest.mark.parametrize("config", ["fp32", "fp16"])
 @pytest.mark.parametrize("name", ["mlp", "encoder_block", "decoder_block"])
 def test_repeated_runs_with_changing_inputs_equal_fresh_runs(examples_dir, name, config, monkeypatch):
     dims = {"seq": 32} if name == "decoder_block" else None
     result = mcpc.compile(examples_dir / f"{name}.onnx", target="mcp2026-a100", qat_config=config, dims=dims)
-    program = from_program(result.program)
-    with np.load(examples_dir / f"{name}.npz") as data:
-        base = dict(data)
-    rng = np.random.default_rng(5)
-    for i in range(3):
-        inputs = dict(base, x=rng.standard_normal(base["x"].shape).astype(np.float32)) if i else base
-        _same(run_program(program, inputs).outputs, _fresh(from_program(result.program), inputs, monkeypatch))
+    program = _runs_equal_fresh(result, examples_dir, name, 3, 5, monkeypatch)
     st = fastpath.state(program)
     plan = st.plans["main"]
     assert plan is not None and plan.ready  # every slot filled: the lean records run
@@ -63,13 +70,7 @@ def test_quantized_builds_run_on_their_own_machine_with_the_bits_of_fresh_runs(
     result = mcpc.compile(
         examples_dir / f"{name}.onnx", target="mcp2026-a100", qat_config=config, dims=dims, calib=calib
     )
-    program = from_program(result.program)
-    with np.load(examples_dir / f"{name}.npz") as data:
-        base = dict(data)
-    rng = np.random.default_rng(7)
-    for i in range(4):
-        inputs = dict(base, x=rng.standard_normal(base["x"].shape).astype(np.float32)) if i else base
-        _same(run_program(program, inputs).outputs, _fresh(from_program(result.program), inputs, monkeypatch))
+    program = _runs_equal_fresh(result, examples_dir, name, 4, 7, monkeypatch)
     plan = fastpath.state(program).plans["main"]
     assert plan is not None and plan.ready
     w4 = [r for r in plan.lean if numeric.unwrap(r[3], r[4])[0] is ex._matmul_w4a16_cached]
