@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from mcpc.arch import kernels
 from mcpc.arch.isa import ISA, Instr, resolve, vattn_heat_offset
 from mcpc.arch.numerics import (
     NUMPY_DTYPES,
@@ -256,6 +257,7 @@ def _get(s: np.ndarray, d: tuple) -> np.ndarray:
 # rounding, without temporaries (numpy handles a destination overlapping a source).
 _F32 = np.dtype(np.float32)
 _NATIVE_FLOAT = frozenset({np.dtype(np.float16), _F32})
+_SPECIAL_KERNELS = {"erf": kernels.erf, "exp": kernels.exp}
 _UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
 
 
@@ -413,38 +415,68 @@ def cached_matmul(args: tuple, slot_a: list | None, slot_b: list | None) -> tupl
     return _matmul_cached, (A, B, C, trans_b, acc, matmul_in_f64(A[5], B[5], A[2]), slot_a, slot_b)
 
 
-def _vbin(m: Machine, a: tuple) -> None:
+def _vbin(m: Machine, a: tuple) -> bool | None:
+    """Returns True when it knows every value it wrote is finite (the numeric guard then skips
+    its check), None otherwise."""
     func, S0, S1, D, out = a
     s = m.sram
     uf = _UFUNCS.get(func)
     if uf is not None and S0[5] in _NATIVE_FLOAT and D[5] in _NATIVE_FLOAT:
         x, y = _arg(s, S0), _arg(s, S1)
+        dst = view(s, *D[:6])
+        if S0[5] != _F32 or D[5] != _F32:  # f16 in or out: the kernels convert eight at a time
+            done = kernels.binary(func, dst, x, y)
+            if done >= 0:
+                return done == 1 or None
         if S0[5] != _F32:  # f16 operands widened whole: faster than a ufunc's buffered casts
             x, y = x.astype(_F32), y.astype(_F32)
-        uf(x, y, out=view(s, *D[:6]), dtype=_F32, casting="unsafe")
-        return
+        uf(x, y, out=dst, dtype=_F32, casting="unsafe")
+        return None
     _put(s, D, binary(func, _arg(s, S0), _arg(s, S1), out))
+    return None
 
 
-def _vbini(m: Machine, a: tuple) -> None:
+def _vbini(m: Machine, a: tuple) -> bool | None:
+    """Returns True when it knows every value it wrote is finite, None otherwise."""
     func, S0, imm, rev, D, out = a
     s = m.sram
     x = _arg(s, S0)
     uf = _UFUNCS.get(func)
-    if uf is not None and S0[5] == _F32 and D[5] in _NATIVE_FLOAT:  # (f16 goes through a table)
-        uf(*((imm, x) if rev else (x, imm)), out=view(s, *D[:6]), dtype=np.float32, casting="unsafe")
-        return
+    if uf is not None and S0[5] in _NATIVE_FLOAT and D[5] in _NATIVE_FLOAT:
+        dst = view(s, *D[:6])
+        if S0[5] != _F32 or D[5] != _F32:  # f16 in or out (numpy's own f32 loops are as fast)
+            done = kernels.binary(func, dst, x, None, float(imm), bool(rev))
+            if done >= 0:
+                return done == 1 or None
+        if S0[5] == _F32:  # (f16 goes through a table)
+            uf(*((imm, x) if rev else (x, imm)), out=dst, dtype=np.float32, casting="unsafe")
+            return None
     _put(s, D, binary(func, imm, x, out) if rev else binary(func, x, imm, out))
+    return None
 
 
-def _vun(m: Machine, a: tuple) -> None:
+def _vun(m: Machine, a: tuple) -> bool | None:
+    """Returns True when it knows every value it wrote is finite, None otherwise."""
     func, S, D, out = a
     s = m.sram
+    special = _SPECIAL_KERNELS.get(func)
+    if special is not None and S[5] == _F32 and D[5] == _F32 and S[6] is None and D[6] is None:
+        done = special(view(s, *D[:6]), _arg(s, S))  # scipy's / numpy's bits, mostly without them
+        if done >= 0:
+            return done == 1 or None
     if func == "copy" and S[6] is None and D[6] is None:
-        if S[5] == D[5] or S[5] in _NATIVE_FLOAT and D[5] in _NATIVE_FLOAT:
+        if S[5] != D[5] and S[5] in _NATIVE_FLOAT and D[5] in _NATIVE_FLOAT:
+            dst, x = view(s, *D[:6]), _arg(s, S)
+            done = kernels.convert(dst, x)
+            if done >= 0:
+                return done == 1 or None
+            np.copyto(dst, x, casting="unsafe")
+            return None
+        if S[5] == D[5]:
             np.copyto(view(s, *D[:6]), _arg(s, S), casting="unsafe")
-            return
+            return None
     _put(s, D, unary(func, _arg(s, S), out))
+    return None
 
 
 def _vred(m: Machine, a: tuple) -> None:

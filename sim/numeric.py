@@ -139,7 +139,8 @@ def _guarded(m: Machine, a: tuple) -> None:
         v = _get(s, srcs[i])
         if not all_finite(v):
             before[i] = np.array(v, copy=True)
-    fn(m, args)
+    if fn(m, args) is True:  # the handler knows every value it wrote is finite
+        return
     d = _get(s, dst)
     if all_finite(d):
         return

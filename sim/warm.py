@@ -14,8 +14,14 @@ destination or is exactly the destination (same address, strides and element siz
 other aliasing keeps the instruction whole.  4-bit packed operands keep it whole too.  The parts
 run in the caller's numpy error state (``contextvars``); a ``Fault`` of a part is raised by the
 caller.  Only the records of ``fastpath``'s plans are split (warm functional runs); the timing of
-an instruction is its record's, which this does not touch.  ``PARTS`` is the number of CPUs this
-process may run on, at most 4 (1: nothing is split).
+an instruction is its record's, which this does not touch.  ``PARTS`` is 1 (nothing is split)
+unless ``MCPC_SIM_PARTS`` asks for more (at most the CPUs this process may run on, and 4): since
+f16 conversions, erf and exp run in ``mcpc._kernels`` (arch/kernels.py), splitting costs more than
+it gains where numpy's BLAS is multithreaded — OpenBLAS's worker threads keep spinning on the
+other cores between products, so a part handed to another thread waits for a core.  Measured on
+2 cores (best of 7 warm runs, separate processes, three rounds): MiniLM-L3 b8 s128 fp32 182-193 ms
+unsplit against 193-197 ms in two parts, fp16 183-191 against 200-219 ms, b1 fp32 25.6 against
+35.0 ms.
 
 *Bound loads and stores.*  A load or store whose DRAM address takes no register offset copies
 between the same two views of the machine's DRAM and SRAM in every run: they are made on its first
@@ -46,7 +52,11 @@ def _workers() -> int:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         cpus = os.cpu_count() or 1
-    return max(1, min(cpus, 4))
+    try:
+        asked = int(os.environ.get("MCPC_SIM_PARTS", "1"))
+    except ValueError:
+        asked = 1
+    return max(1, min(asked, cpus, 4))
 
 
 PARTS = _workers()
