@@ -134,3 +134,11 @@ def _special_erf(x: np.ndarray) -> np.ndarray:
 
 def _numpy_exp(x: np.ndarray) -> np.ndarray:
     return np.exp(np.maximum(x, -200.0))
+
+
+def all_finite(x: np.ndarray) -> bool | None:
+    """Whether every value of the 2-D float16/float32 array ``x`` is finite (one pass, no
+    temporary), or None when not done."""
+    if _native is None or x.ndim != 2 or x.dtype not in FLOATS:
+        return None
+    return _native.all_finite(x)

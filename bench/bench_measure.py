@@ -167,21 +167,29 @@ def measure_case(case, target: str, qat_config: str, workdir: Path, repeats: int
     }
 
 
-def _best(fn, repeats: int) -> float:
-    fn()  # warm-up, excluded
-    best = float("inf")
+def _interleaved(fns: dict, repeats: int, settle_s: float = 0.25) -> dict[str, float]:
+    """Best wall time of each of ``fns`` over ``repeats`` rounds.  A round runs each in turn,
+    twice (the first run a warm-up, excluded) after a ``settle_s`` pause, so that every peer is
+    sampled under the same machine conditions (a shared machine's speed drifts by tens of percent
+    over seconds) and none runs while another's worker threads still spin (OpenBLAS's and ONNX
+    Runtime's keep spinning for a while after each call)."""
+    best = dict.fromkeys(fns, float("inf"))
     for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
+        for name, fn in fns.items():
+            time.sleep(settle_s)
+            fn()
+            t = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t)
     return best
 
 
 def measure_sim_speed(case, target: str, qat_config: str, workdir: Path, repeats: int, seed: int = 0) -> dict:
     """Simulator wall time against ONNX Runtime's on ``case`` (JSON-ready): best of ``repeats``
-    warm runs each (one warm-up excluded; program load and session creation excluded) of the
-    functional simulator, the timing-only simulator, and ONNX Runtime with 2 intra-op threads on
-    the same model and inputs; plus the accuracy of the functional outputs against ONNX Runtime."""
+    interleaved rounds (``_interleaved``; program load, session creation and each round's warm-up
+    excluded) of the functional simulator, the timing-only simulator, and ONNX Runtime with 2
+    intra-op threads on the same model and inputs; plus the accuracy of the functional outputs
+    against ONNX Runtime."""
     import onnxruntime as ort
 
     config = load_qat_config(qat_config)
@@ -199,8 +207,6 @@ def measure_sim_speed(case, target: str, qat_config: str, workdir: Path, repeats
     t = time.perf_counter()
     first = run_program(program, inputs)  # the first run prepares the program's machine
     first_s = time.perf_counter() - t
-    sim_s = _best(lambda: run_program(program, inputs), repeats)
-    timing_s = _best(lambda: run_program(program, inputs, timing_only=True), repeats)
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     opts.intra_op_num_threads = 2
@@ -208,7 +214,15 @@ def measure_sim_speed(case, target: str, qat_config: str, workdir: Path, repeats
     feed = {i.name: inputs[i.name] for i in sess.get_inputs()}
     names = [o.name for o in sess.get_outputs()]
     ref = dict(zip(names, sess.run(None, feed), strict=True))
-    ort_s = _best(lambda: sess.run(None, feed), repeats)
+    best = _interleaved(
+        {
+            "sim": lambda: run_program(program, inputs),
+            "timing": lambda: run_program(program, inputs, timing_only=True),
+            "ort": lambda: sess.run(None, feed),
+        },
+        repeats,
+    )
+    sim_s, timing_s, ort_s = best["sim"], best["timing"], best["ort"]
 
     err = max(compare(n, first.outputs[n], ref[n], 0, 0).norm_max_err for n in names)
     onnx_path.unlink()

@@ -16,6 +16,8 @@
  *                                computes with scipy / numpy (see "erf" and "exp" below), or None
  *                                (not handled)
  *
+ *   all_finite(x)                whether every value of a 2-D f16/f32 array is finite
+ *
  * Operands are 2-D numpy arrays (views of the simulator's SRAM): float16 or float32, any byte
  * strides; a source may have a dimension of 1 where dst has more (broadcast).  Both return 1 when
  * every value written is finite, 0 when some is not, and NOT_HANDLED (-1), writing nothing, when a
@@ -605,6 +607,67 @@ __attribute__((target("avx512f,avx2,fma"))) static void exp_row_avx512(char *pd,
 }
 #endif
 
+/* -- all finite ------------------------------------------------------------------------------------
+ * Whether every value of a 2-D f16/f32 array is finite: the numeric guard's test after each
+ * instruction, one pass without the temporary array numpy's isfinite(x).all() makes. */
+static int row_finite_scalar(const char *p, Py_ssize_t cs, int dt, Py_ssize_t cols) {
+    for (Py_ssize_t j = 0; j < cols; j++) {
+        if (dt == DT_F32) {
+            uint32_t u;
+            memcpy(&u, p + j * cs, 4);
+            if ((u & 0x7f800000u) == 0x7f800000u) return 0;
+        } else {
+            uint16_t h;
+            memcpy(&h, p + j * cs, 2);
+            if ((h & 0x7c00u) == 0x7c00u) return 0;
+        }
+    }
+    return 1;
+}
+
+#if MCPC_X86
+__attribute__((target("avx2"))) static int row_finite_avx2(const char *p, int dt, Py_ssize_t cols) {
+    Py_ssize_t bytes = cols * (dt == DT_F32 ? 4 : 2), j = 0;
+    const __m256i m32 = _mm256_set1_epi32(0x7f800000), m16 = _mm256_set1_epi16(0x7c00);
+    __m256i bad = _mm256_setzero_si256();
+    for (; j + 32 <= bytes; j += 32) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(p + j));
+        if (dt == DT_F32) bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(v, m32), m32));
+        else bad = _mm256_or_si256(bad, _mm256_cmpeq_epi16(_mm256_and_si256(v, m16), m16));
+    }
+    if (!_mm256_testz_si256(bad, bad)) return 0;
+    Py_ssize_t done = j / (dt == DT_F32 ? 4 : 2);
+    return row_finite_scalar(p + j, dt == DT_F32 ? 4 : 2, dt, cols - done);
+}
+#endif
+
+static PyObject *kernels_all_finite(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_RECORDS_RO) < 0) return NULL;
+    int dt = dtype_of(&b);
+    if (dt < 0 || b.ndim != 2) {
+        PyBuffer_Release(&b);
+        Py_RETURN_NONE; /* not handled */
+    }
+    Py_ssize_t rows = b.shape[0], cols = b.shape[1], rs = b.strides[0], cs = b.strides[1];
+    const char *base = (const char *)b.buf;
+    int finite = 1;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < rows && finite; i++) {
+#if MCPC_X86
+        if (have_f16c && cs == b.itemsize) {
+            finite = row_finite_avx2(base + i * rs, dt, cols);
+            continue;
+        }
+#endif
+        finite = row_finite_scalar(base + i * rs, cs, dt, cols);
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    return PyBool_FromLong(finite);
+}
+
 /* -- Python entry points ----------------------------------------------------------------------- */
 static PyObject *kernels_convert(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
@@ -764,6 +827,8 @@ static PyMethodDef methods[] = {
     {"special", (PyCFunction)(void (*)(void))kernels_special, METH_FASTCALL,
      "special(fn, dst, src), fn 0 erf / 1 exp -> (int64 bytes of flat indices, f32 bytes of their inputs) "
      "left to the caller, or None (not handled)"},
+    {"all_finite", kernels_all_finite, METH_O,
+     "all_finite(x) -> whether every value of the 2-D f16/f32 array x is finite; None: not handled"},
     {"vectorized", kernels_vectorized, METH_NOARGS, "whether rows go through AVX2 + F16C"},
     {NULL, NULL, 0, NULL},
 };

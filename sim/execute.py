@@ -305,8 +305,12 @@ def _matmul_cached(m: Machine, a: tuple) -> None:
     if wb is None:
         b = _get(s, B)
         wb = _prepared(tile_operand(b.T if trans_b else b, in_f64), slot_b, s)
-    part = matmul_prepared(wa, wb, in_f64)
     c = view(s, *C[:6])
+    if not acc and not in_f64 and c.flags.c_contiguous:
+        if not np.may_share_memory(c, wa) and not np.may_share_memory(c, wb):
+            np.matmul(wa, wb, out=c)  # the same product, written in place of a copy of it
+            return
+    part = matmul_prepared(wa, wb, in_f64)
     if acc:
         np.add(c, part, out=c)
     else:

@@ -243,3 +243,18 @@ def test_exp_gives_numpys_f32_bits_for_every_f32_value():
         if kernels.exp(dst, x) < 0:
             pytest.skip("the exp kernel needs AVX-512")
         assert np.array_equal(_bits(dst), _bits(_exp_ref(x))), hex(start)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_all_finite_finds_every_non_finite_value(dtype):
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((131, 67)).astype(dtype)
+    for src in (x, x.T, x[:, ::3]):
+        assert kernels.all_finite(src) is True
+    for pos in [(0, 0), (130, 66), (57, 17), (130, 64), (3, 65)]:
+        for value in (np.inf, -np.inf, np.nan):
+            y = x.copy()
+            y[pos] = value
+            for src in (y, y.T, y[:, pos[1] % 3 :: 3]):
+                assert kernels.all_finite(src) is False, (pos, value)
+    assert kernels.all_finite(np.ones((2, 2, 2), dtype)) is None
