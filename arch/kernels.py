@@ -31,6 +31,9 @@ except ImportError:  # not built (no C compiler at install time) or disabled: nu
     _native = None
 
 AVAILABLE = _native is not None
+# Whether all-f32 arithmetic is worth a native call: with AVX-512 it is as fast as numpy's own loops
+# and tests finiteness in the same pass (the numeric guard then skips its own); without, numpy's.
+F32_FAST = AVAILABLE and bool(_native.f32_vectorized())
 # The operations ``binary`` takes, with their codes in mcpc/_kernels.c.
 OPS = {"add": 0, "sub": 1, "mul": 2, "div": 3}
 _REVERSED = {"sub": 4, "div": 5, "add": 6, "mul": 7}  # imm - a, imm / a, imm + a, imm * a

@@ -290,10 +290,62 @@ __attribute__((target("avx2,f16c"))) static int row_vector(int op, const Operand
 }
 #endif
 
+#if MCPC_X86
+static int have_avx512 = 0;
+
+/* All-f32 rows with AVX-512, sixteen values at a time (a and b contiguous or one broadcast value;
+ * b NULL: the immediate), the finiteness test in the same pass.  One loop per operation. */
+#define F32_ROW_LOOP(EXPR)                                                                        \
+    for (; j + 16 <= cols; j += 16) {                                                             \
+        __m512 x = a->cs ? _mm512_loadu_ps(pa + j) : xa;                                          \
+        __m512 y = pb && b->cs ? _mm512_loadu_ps(pb + j) : yb;                                    \
+        __m512 v = EXPR;                                                                          \
+        _mm512_storeu_ps(pd + j, v);                                                              \
+        bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), em), em);         \
+    }                                                                                             \
+    if (j < cols) {                                                                               \
+        __mmask16 k = (__mmask16)((1u << (cols - j)) - 1u);                                       \
+        __m512 x = a->cs ? _mm512_maskz_loadu_ps(k, pa + j) : xa;                                 \
+        __m512 y = pb && b->cs ? _mm512_maskz_loadu_ps(k, pb + j) : yb;                           \
+        __m512 v = EXPR;                                                                          \
+        _mm512_mask_storeu_ps(pd + j, k, v);                                                      \
+        bad |= _mm512_mask_cmpeq_epi32_mask(k, _mm512_and_si512(_mm512_castps_si512(v), em), em); \
+    }
+
+__attribute__((target("avx512f"))) static int row_f32_avx512(int op, const Operand *d, const Operand *a,
+                                                             const Operand *b, float imm, Py_ssize_t i,
+                                                             Py_ssize_t cols) {
+    float *pd = (float *)(d->ptr + i * d->rs);
+    const float *pa = (const float *)(a->ptr + i * a->rs);
+    const float *pb = b ? (const float *)(b->ptr + i * b->rs) : NULL;
+    const __m512 xa = _mm512_set1_ps(pa[0]), yb = _mm512_set1_ps(pb ? pb[0] : imm);
+    const __m512i em = _mm512_set1_epi32(0x7f800000);
+    __mmask16 bad = 0;
+    Py_ssize_t j = 0;
+    switch (op) {
+    case OP_ADD: F32_ROW_LOOP(_mm512_add_ps(x, y)) break;
+    case OP_SUB: F32_ROW_LOOP(_mm512_sub_ps(x, y)) break;
+    case OP_MUL: F32_ROW_LOOP(_mm512_mul_ps(x, y)) break;
+    case OP_DIV: F32_ROW_LOOP(_mm512_div_ps(x, y)) break;
+    case OP_RSUB: F32_ROW_LOOP(_mm512_sub_ps(y, x)) break;
+    case OP_RDIV: F32_ROW_LOOP(_mm512_div_ps(y, x)) break;
+    case OP_RADD: F32_ROW_LOOP(_mm512_add_ps(y, x)) break;
+    default: F32_ROW_LOOP(_mm512_mul_ps(y, x)) break;
+    }
+    return bad == 0;
+}
+#undef F32_ROW_LOOP
+#endif
+
 static int run(int op, const Operand *d, const Operand *a, const Operand *b, float imm, Py_ssize_t rows,
                Py_ssize_t cols) {
     int finite = 1;
 #if MCPC_X86
+    if (have_avx512 && op >= 0 && d->dt == DT_F32 && a->dt == DT_F32 && (!b || b->dt == DT_F32) && d->cs == 4 &&
+        (a->cs == 0 || a->cs == 4) && (!b || b->cs == 0 || b->cs == 4) && cols > 0) {
+        for (Py_ssize_t i = 0; i < rows; i++) finite &= row_f32_avx512(op, d, a, b, imm, i, cols);
+        return finite;
+    }
     int contiguous = d->cs == (d->dt == DT_F32 ? 4 : 2) &&
                      (a->cs == 0 || a->cs == (a->dt == DT_F32 ? 4 : 2)) &&
                      (!b || b->cs == 0 || b->cs == (b->dt == DT_F32 ? 4 : 2));
@@ -449,8 +501,6 @@ __attribute__((target("avx2,fma"))) static inline void erf4_store(float *out, __
         }
     }
 }
-
-static int have_avx512 = 0;
 
 /* erf_f64 of eight values (the eight-interval table), with their certain-rounding mask. */
 __attribute__((target("avx512f,avx2,fma"))) static void erf_row_avx512(char *pd, const char *pa,
@@ -809,6 +859,16 @@ static PyObject *kernels_special(PyObject *self, PyObject *const *args, Py_ssize
     return result;
 }
 
+static PyObject *kernels_f32_vectorized(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+#if MCPC_X86
+    return PyBool_FromLong(have_avx512);
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
 static PyObject *kernels_vectorized(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
@@ -829,6 +889,8 @@ static PyMethodDef methods[] = {
      "left to the caller, or None (not handled)"},
     {"all_finite", kernels_all_finite, METH_O,
      "all_finite(x) -> whether every value of the 2-D f16/f32 array x is finite; None: not handled"},
+    {"f32_vectorized", kernels_f32_vectorized, METH_NOARGS,
+     "whether all-f32 arithmetic goes through AVX-512 (as fast as numpy's, with the finiteness test)"},
     {"vectorized", kernels_vectorized, METH_NOARGS, "whether rows go through AVX2 + F16C"},
     {NULL, NULL, 0, NULL},
 };

@@ -428,7 +428,7 @@ def _vbin(m: Machine, a: tuple) -> bool | None:
     if uf is not None and S0[5] in _NATIVE_FLOAT and D[5] in _NATIVE_FLOAT:
         x, y = _arg(s, S0), _arg(s, S1)
         dst = view(s, *D[:6])
-        if S0[5] != _F32 or D[5] != _F32:  # f16 in or out: the kernels convert eight at a time
+        if kernels.F32_FAST or S0[5] != _F32 or D[5] != _F32:  # f16: eight conversions at a time
             done = kernels.binary(func, dst, x, y)
             if done >= 0:
                 return done == 1 or None
@@ -448,7 +448,7 @@ def _vbini(m: Machine, a: tuple) -> bool | None:
     uf = _UFUNCS.get(func)
     if uf is not None and S0[5] in _NATIVE_FLOAT and D[5] in _NATIVE_FLOAT:
         dst = view(s, *D[:6])
-        if S0[5] != _F32 or D[5] != _F32:  # f16 in or out (numpy's own f32 loops are as fast)
+        if kernels.F32_FAST or S0[5] != _F32 or D[5] != _F32:  # (numpy's f32 loops without AVX-512)
             done = kernels.binary(func, dst, x, None, float(imm), bool(rev))
             if done >= 0:
                 return done == 1 or None
