@@ -254,7 +254,7 @@ def measure_quant(
     for r in rows:
         if not r["peer"]:
             r["over_ort"] = r["seconds"] / ort_by_sym[r["spec"].split()[-1]]
-    passes = [] if source else measure_compile_passes(min(repeats, 3), log)
+    passes = [] if source else measure_compile_passes(min(repeats, 3), log=log)
     for r in passes:
         r["over_ort"] = r["seconds"] / ort_by_sym["sym"]
     return {

@@ -17,6 +17,7 @@ instruction's tile, which makes the simulator bit-exact with the IR interpreter.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -292,6 +293,9 @@ def _matmul(m: Machine, a: tuple) -> None:
         c[...] = part
 
 
+_SCRATCH = threading.local()  # per thread and product shape: one f32 array, reused
+
+
 def _matmul_cached(m: Machine, a: tuple) -> None:
     """``_matmul`` whose operands may come from a slot shared across runs (``sim/fastpath.py``): a
     slot ``[value]`` is given only for an operand that holds the same constant bytes in every run,
@@ -310,6 +314,19 @@ def _matmul_cached(m: Machine, a: tuple) -> None:
         if not np.may_share_memory(c, wa) and not np.may_share_memory(c, wb):
             np.matmul(wa, wb, out=c)  # the same product, written in place of a copy of it
             return
+    if acc and wa.dtype == _F32 and wb.dtype == _F32 and wa.ndim == 2 and wb.ndim == 2:
+        # the product into a scratch array kept per shape and thread (no fresh megabytes per
+        # tile: a long-lived process's allocator then keeps faulting pages in), then added
+        scratch = _SCRATCH.__dict__
+        shape = (wa.shape[0], wb.shape[1])
+        part = scratch.get(shape)
+        if part is None:
+            if len(scratch) >= 64:  # a bounded set: shapes of the programs being run
+                scratch.clear()
+            part = scratch[shape] = np.empty(shape, np.float32)
+        np.matmul(wa, wb, out=part)
+        np.add(c, part, out=c)
+        return
     part = matmul_prepared(wa, wb, in_f64)
     if acc:
         np.add(c, part, out=c)
