@@ -77,22 +77,20 @@ def binary(
 def widen(x: np.ndarray) -> np.ndarray | None:
     """A new C-contiguous f32 array equal to the f16 array ``x`` (any strides, rank 1 or 2), or
     None when not done."""
-    if _native is None or x.dtype != _F16 or x.ndim not in (1, 2):
-        return None
-    x2 = x if x.ndim == 2 else x.reshape(1, -1)
-    out = np.empty(x2.shape, _F32)
-    if _native.convert(out, x2) < 0:
-        return None
-    return out if x.ndim == 2 else out.reshape(-1)
+    return _converted(x, _F16, _F32)
 
 
 def narrow(x: np.ndarray) -> np.ndarray | None:
     """A new C-contiguous f16 array: the f32 array ``x`` rounded half to even (rank 1 or 2), or
     None when not done."""
-    if _native is None or x.dtype != _F32 or x.ndim not in (1, 2):
+    return _converted(x, _F32, _F16)
+
+
+def _converted(x: np.ndarray, src: np.dtype, dst: np.dtype) -> np.ndarray | None:
+    if _native is None or x.dtype != src or x.ndim not in (1, 2):
         return None
     x2 = x if x.ndim == 2 else x.reshape(1, -1)
-    out = np.empty(x2.shape, _F16)
+    out = np.empty(x2.shape, dst)
     if _native.convert(out, x2) < 0:
         return None
     return out if x.ndim == 2 else out.reshape(-1)

@@ -719,6 +719,23 @@ static PyObject *kernels_all_finite(PyObject *self, PyObject *arg) {
 }
 
 /* -- Python entry points ----------------------------------------------------------------------- */
+/* The (rows, cols) of the destination array `obj`; -1 with an exception when it is not 2-D. */
+static int dst_shape(PyObject *obj, Py_ssize_t *rows, Py_ssize_t *cols) {
+    Py_buffer probe;
+    if (PyObject_GetBuffer(obj, &probe, PyBUF_RECORDS) < 0) return -1;
+    int ok = probe.ndim == 2;
+    if (ok) {
+        *rows = probe.shape[0];
+        *cols = probe.shape[1];
+    }
+    PyBuffer_Release(&probe);
+    if (!ok) {
+        PyErr_SetString(PyExc_TypeError, "mcpc._kernels: operands are 2-D float16 or float32 arrays");
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *kernels_convert(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 2) {
@@ -728,14 +745,8 @@ static PyObject *kernels_convert(PyObject *self, PyObject *const *args, Py_ssize
     Operand d, a;
     d.held = a.held = 0;
     long result = NOT_HANDLED;
-    Py_buffer probe;
-    if (PyObject_GetBuffer(args[0], &probe, PyBUF_RECORDS) < 0) return NULL;
-    Py_ssize_t rows = probe.ndim == 2 ? probe.shape[0] : -1, cols = probe.ndim == 2 ? probe.shape[1] : -1;
-    PyBuffer_Release(&probe);
-    if (rows < 0) {
-        PyErr_SetString(PyExc_TypeError, "mcpc._kernels: operands are 2-D float16 or float32 arrays");
-        return NULL;
-    }
+    Py_ssize_t rows, cols;
+    if (dst_shape(args[0], &rows, &cols) < 0) return NULL;
     if (get_operand(args[0], &d, 1, rows, cols) < 0 || get_operand(args[1], &a, 0, rows, cols) < 0) goto fail;
     if (separable(&d, &a, rows, cols) && fp_env_default()) {
         Py_BEGIN_ALLOW_THREADS
@@ -768,14 +779,8 @@ static PyObject *kernels_binary(PyObject *self, PyObject *const *args, Py_ssize_
     Operand d, a, b;
     d.held = a.held = b.held = 0;
     long result = NOT_HANDLED;
-    Py_buffer probe;
-    if (PyObject_GetBuffer(args[1], &probe, PyBUF_RECORDS) < 0) return NULL;
-    Py_ssize_t rows = probe.ndim == 2 ? probe.shape[0] : -1, cols = probe.ndim == 2 ? probe.shape[1] : -1;
-    PyBuffer_Release(&probe);
-    if (rows < 0) {
-        PyErr_SetString(PyExc_TypeError, "mcpc._kernels: operands are 2-D float16 or float32 arrays");
-        return NULL;
-    }
+    Py_ssize_t rows, cols;
+    if (dst_shape(args[1], &rows, &cols) < 0) return NULL;
     int has_b = args[3] != Py_None;
     if (get_operand(args[1], &d, 1, rows, cols) < 0 || get_operand(args[2], &a, 0, rows, cols) < 0) goto fail;
     if (has_b && get_operand(args[3], &b, 0, rows, cols) < 0) goto fail;
@@ -812,14 +817,8 @@ static PyObject *kernels_special(PyObject *self, PyObject *const *args, Py_ssize
     args++;
     Operand d, a;
     d.held = a.held = 0;
-    Py_buffer probe;
-    if (PyObject_GetBuffer(args[0], &probe, PyBUF_RECORDS) < 0) return NULL;
-    Py_ssize_t rows = probe.ndim == 2 ? probe.shape[0] : -1, cols = probe.ndim == 2 ? probe.shape[1] : -1;
-    PyBuffer_Release(&probe);
-    if (rows < 0) {
-        PyErr_SetString(PyExc_TypeError, "mcpc._kernels: operands are 2-D float32 arrays");
-        return NULL;
-    }
+    Py_ssize_t rows, cols;
+    if (dst_shape(args[0], &rows, &cols) < 0) return NULL;
     if (get_operand(args[0], &d, 1, rows, cols) < 0 || get_operand(args[1], &a, 0, rows, cols) < 0) {
         release(&d);
         release(&a);

@@ -68,12 +68,23 @@ def test_narrow_gives_numpys_f16_on_dense_and_random_f32_values():
             assert np.array_equal(_bits(out), _bits(_narrow_ref(src)))
 
 
+def _every_f32():
+    """All 2^32 f32 bit patterns, 2^24 at a time: (first pattern, a (1, 2^24) array)."""
+    chunk = 1 << 24
+    for start in range(0, 1 << 32, chunk):
+        yield (
+            start,
+            np.arange(start, start + chunk, dtype=np.uint64)
+            .astype(np.uint32)
+            .view(np.float32)
+            .reshape(1, -1),
+        )
+
+
 @pytest.mark.slow
 def test_narrow_gives_numpys_f16_for_every_f32_value():
-    chunk = 1 << 24
-    out = np.empty((1, chunk), np.float16)
-    for start in range(0, 1 << 32, chunk):
-        f = np.arange(start, start + chunk, dtype=np.uint64).astype(np.uint32).view(np.float32).reshape(1, -1)
+    out = np.empty((1, 1 << 24), np.float16)
+    for start, f in _every_f32():
         kernels.convert(out, f)
         assert np.array_equal(_bits(out), _bits(_narrow_ref(f))), hex(start)
 
@@ -198,10 +209,8 @@ def test_erf_gives_scipys_f32_bits():
 @pytest.mark.slow
 def test_erf_gives_scipys_f32_bits_for_every_f32_value():
     """Exhaustive: the kernel's f32 results are scipy's for all 2^32 inputs (about 2 minutes)."""
-    chunk = 1 << 24
-    dst = np.empty((1, chunk), np.float32)
-    for start in range(0, 1 << 32, chunk):
-        x = np.arange(start, start + chunk, dtype=np.uint64).astype(np.uint32).view(np.float32).reshape(1, -1)
+    dst = np.empty((1, 1 << 24), np.float32)
+    for start, x in _every_f32():
         kernels.erf(dst, x)
         assert np.array_equal(_bits(dst), _bits(_erf_ref(x))), hex(start)
 
@@ -236,10 +245,8 @@ def test_exp_gives_numpys_f32_bits():
 
 @pytest.mark.slow
 def test_exp_gives_numpys_f32_bits_for_every_f32_value():
-    chunk = 1 << 24
-    dst = np.empty((1, chunk), np.float32)
-    for start in range(0, 1 << 32, chunk):
-        x = np.arange(start, start + chunk, dtype=np.uint64).astype(np.uint32).view(np.float32).reshape(1, -1)
+    dst = np.empty((1, 1 << 24), np.float32)
+    for start, x in _every_f32():
         if kernels.exp(dst, x) < 0:
             pytest.skip("the exp kernel needs AVX-512")
         assert np.array_equal(_bits(dst), _bits(_exp_ref(x))), hex(start)
