@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -32,6 +33,17 @@ CALIB = DATA / "minilm_calib.npz"
 EVAL = DATA / "minilm_eval.npz"
 OUTPUT = "461"  # the mean-pooled sentence embedding
 QUANT_CONFIGS = ("qat_w4a16", "qat_mixed", "qat_int4_fp8", "qat_gptq_g128")
+
+
+def _shown(path: Path) -> Path:
+    """``path`` relative to the working directory (as reports record it: no machine's absolute
+    paths in committed results), or as it is when that cannot be said."""
+    try:
+        return Path(os.path.relpath(path))
+    except ValueError:  # another drive
+        return path
+
+
 UNCALIBRATED = ("qat_w4a16",)  # as shipped it compiles without calibration data too
 
 
@@ -39,7 +51,8 @@ def builds(configs=QUANT_CONFIGS) -> tuple[list[Build], list[str]]:
     """The builds to evaluate (fp16 first) and the requested configs that are not shipped."""
     shipped = {Path(n).stem for n in shipped_configs()}
     present = [c for c in configs if c in shipped]
-    out = [Build("fp16")] + [Build(c, CALIB) for c in present]
+    calib = _shown(CALIB)
+    out = [Build("fp16")] + [Build(c, calib) for c in present]
     out += [Build(c) for c in present if c in UNCALIBRATED]
     return out, [c for c in configs if c not in shipped]
 
