@@ -10,10 +10,11 @@ infinity is converted by a software routine written to numpy's rules).  tests/si
 compares all 65,536 f16 values, random and special f32 values and every operation against numpy
 (and, marked slow, all 2^32 f32 values).
 
-Every function returns whether it did the work; ``False`` leaves the destination untouched and the
-caller computes it with numpy: when the module is not built (or ``MCPC_NO_KERNELS=1`` is set, which
-the tests use to compare both paths), for shapes or dtypes it does not take, and when a source
-overlaps the destination without being exactly it (numpy's buffering defines that case).
+Every function says when it did not do the work (-1, or None for those returning an array or a
+bool), leaving the destination untouched for the caller to compute with numpy: when the module is
+not built (or ``MCPC_NO_KERNELS=1`` is set), for shapes or dtypes it does not take, for all-f32
+arithmetic without AVX-512 (numpy's own loops are as fast there), and when a source overlaps the
+destination without being exactly it (numpy's buffering defines that case).
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ except ImportError:  # not built (no C compiler at install time) or disabled: nu
     _native = None
 
 AVAILABLE = _native is not None
-# Whether all-f32 arithmetic is worth a native call: with AVX-512 it is as fast as numpy's own loops
-# and tests finiteness in the same pass (the numeric guard then skips its own); without, numpy's.
-F32_FAST = AVAILABLE and bool(_native.f32_vectorized())
+# Whether all-f32 arithmetic is worth a native call: with AVX-512 it is faster than numpy's own
+# loops and tests finiteness in the same pass (the numeric guard then skips its own); without, numpy's.
+_F32_FAST = AVAILABLE and bool(_native.f32_vectorized())
 # The operations ``binary`` takes, with their codes in mcpc/_kernels.c.
 OPS = {"add": 0, "sub": 1, "mul": 2, "div": 3}
 _REVERSED = {"sub": 4, "div": 5, "add": 6, "mul": 7}  # imm - a, imm / a, imm + a, imm * a
@@ -70,6 +71,8 @@ def binary(
         if rev:
             op = _REVERSED[func]
     elif b.ndim != 2 or b.dtype not in FLOATS:
+        return -1
+    if not _F32_FAST and dst.dtype == _F32 and a.dtype == _F32 and (b is None or b.dtype == _F32):
         return -1
     return _native.binary(op, dst, a, b, float(imm))
 
@@ -110,7 +113,7 @@ def _special(fn: int, dst: np.ndarray, src: np.ndarray, exact) -> int:
         y = exact(np.frombuffer(x, np.float32).astype(np.float64)).astype(np.float32)
     rows, cols = np.divmod(flat, dst.shape[1])
     dst[rows, cols] = y
-    return 0 if not np.isfinite(y).all() else 1
+    return int(bool(np.isfinite(y).all()))
 
 
 def erf(dst: np.ndarray, src: np.ndarray) -> int:
@@ -119,7 +122,7 @@ def erf(dst: np.ndarray, src: np.ndarray) -> int:
     where every value within a relative 2^-40 of it rounds the same (mcpc/_kernels.c, "erf"); the
     few values near a rounding boundary, and NaNs, it hands back, and scipy computes them here.
     Returns 1 (all finite), 0 (not), -1 (not done: dst untouched)."""
-    return _special(0, dst, src, _special_erf)
+    return _special(0, dst, src, _scipy_special.erf)
 
 
 def exp(dst: np.ndarray, src: np.ndarray) -> int:
@@ -127,10 +130,6 @@ def exp(dst: np.ndarray, src: np.ndarray) -> int:
     arrays, the same way as ``erf`` with numpy's exp for the values handed back; declined (-1)
     without AVX-512 or for strided rows."""
     return _special(1, dst, src, _numpy_exp)
-
-
-def _special_erf(x: np.ndarray) -> np.ndarray:
-    return _scipy_special.erf(x)
 
 
 def _numpy_exp(x: np.ndarray) -> np.ndarray:

@@ -210,11 +210,24 @@ static int row_scalar(int op, const Operand *d, const Operand *a, const Operand 
     return finite;
 }
 
+/* `row_scalar` on the n values of d, a and b that start at pd, pa and pb (pb NULL: the immediate). */
+static int scalar_at(int op, const Operand *d, const Operand *a, const Operand *b, float imm, char *pd,
+                     const char *pa, const char *pb, Py_ssize_t n) {
+    Operand dj = *d, aj = *a, bj;
+    dj.ptr = pd;
+    aj.ptr = (char *)pa;
+    if (pb) {
+        bj = *b;
+        bj.ptr = (char *)pb;
+    }
+    return row_scalar(op, &dj, &aj, pb ? &bj : NULL, imm, 0, n);
+}
+
 #if MCPC_X86
 static int have_f16c = 0;
 
 /* Eight values of a contiguous (cs = itemsize) or broadcast (cs = 0) operand, widened to f32;
- * *nan set when an f16 lane is a NaN or infinity bit pattern (widened by software instead). */
+ * *special set when an f16 lane is a NaN or infinity bit pattern (widened by software instead). */
 __attribute__((target("avx2,f16c"))) static inline __m256 load8(const char *p, Py_ssize_t cs, int dt,
                                                                   int *special) {
     if (cs == 0) return _mm256_set1_ps(load_at(p, dt));
@@ -260,11 +273,7 @@ __attribute__((target("avx2,f16c"))) static int row_vector(int op, const Operand
         __m256 nonfinite = _mm256_cmp_ps(ve, expmask, _CMP_EQ_OQ);
         if (special || (d->dt == DT_F16 && _mm256_movemask_ps(nonfinite))) {
             /* an f16 Inf/NaN bit pattern read, or a NaN/Inf to narrow: numpy's routines, per value */
-            Operand dj = *d, aj = *a, bj;
-            dj.ptr = pd + j * dd; dj.rs = 0;
-            aj.ptr = (char *)pa + j * da; aj.rs = 0;
-            if (pb) { bj = *b; bj.ptr = (char *)pb + j * db; bj.rs = 0; }
-            finite &= row_scalar(op, &dj, &aj, pb ? &bj : NULL, imm, 0, 8);
+            finite &= scalar_at(op, d, a, b, imm, pd + j * dd, pa + j * da, pb ? pb + j * db : NULL, 8);
             continue;
         }
         if (d->dt == DT_F32) {
@@ -279,18 +288,10 @@ __attribute__((target("avx2,f16c"))) static int row_vector(int op, const Operand
         }
     }
     if (_mm256_movemask_ps(bad)) finite = 0;
-    if (j < cols) {
-        Operand dj = *d, aj = *a, bj;
-        dj.ptr = pd + j * dd; dj.rs = 0;
-        aj.ptr = (char *)pa + j * da; aj.rs = 0;
-        if (pb) { bj = *b; bj.ptr = (char *)pb + j * db; bj.rs = 0; }
-        finite &= row_scalar(op, &dj, &aj, pb ? &bj : NULL, imm, 0, cols - j);
-    }
+    if (j < cols) finite &= scalar_at(op, d, a, b, imm, pd + j * dd, pa + j * da, pb ? pb + j * db : NULL, cols - j);
     return finite;
 }
-#endif
 
-#if MCPC_X86
 static int have_avx512 = 0;
 
 /* All-f32 rows with AVX-512, sixteen values at a time (a and b contiguous or one broadcast value;
@@ -736,6 +737,20 @@ static int dst_shape(PyObject *obj, Py_ssize_t *rows, Py_ssize_t *cols) {
     return 0;
 }
 
+/* The destination and source operands of a call (rows and cols from dst); -1 with an exception,
+ * both released, when either is not a 2-D float16/float32 array that fits. */
+static int get_dst_src(PyObject *dobj, PyObject *aobj, Operand *d, Operand *a, Py_ssize_t *rows,
+                       Py_ssize_t *cols) {
+    d->held = a->held = 0;
+    if (dst_shape(dobj, rows, cols) < 0) return -1;
+    if (get_operand(dobj, d, 1, *rows, *cols) < 0 || get_operand(aobj, a, 0, *rows, *cols) < 0) {
+        release(d);
+        release(a);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *kernels_convert(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 2) {
@@ -743,11 +758,9 @@ static PyObject *kernels_convert(PyObject *self, PyObject *const *args, Py_ssize
         return NULL;
     }
     Operand d, a;
-    d.held = a.held = 0;
-    long result = NOT_HANDLED;
     Py_ssize_t rows, cols;
-    if (dst_shape(args[0], &rows, &cols) < 0) return NULL;
-    if (get_operand(args[0], &d, 1, rows, cols) < 0 || get_operand(args[1], &a, 0, rows, cols) < 0) goto fail;
+    if (get_dst_src(args[0], args[1], &d, &a, &rows, &cols) < 0) return NULL;
+    long result = NOT_HANDLED;
     if (separable(&d, &a, rows, cols) && fp_env_default()) {
         Py_BEGIN_ALLOW_THREADS
         result = run(-1, &d, &a, NULL, 0.0f, rows, cols);
@@ -756,10 +769,6 @@ static PyObject *kernels_convert(PyObject *self, PyObject *const *args, Py_ssize
     release(&d);
     release(&a);
     return PyLong_FromLong(result);
-fail:
-    release(&d);
-    release(&a);
-    return NULL;
 }
 
 static PyObject *kernels_binary(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -777,13 +786,17 @@ static PyObject *kernels_binary(PyObject *self, PyObject *const *args, Py_ssize_
         return NULL;
     }
     Operand d, a, b;
-    d.held = a.held = b.held = 0;
-    long result = NOT_HANDLED;
+    b.held = 0;
     Py_ssize_t rows, cols;
-    if (dst_shape(args[1], &rows, &cols) < 0) return NULL;
+    if (get_dst_src(args[1], args[2], &d, &a, &rows, &cols) < 0) return NULL;
+    long result = NOT_HANDLED;
     int has_b = args[3] != Py_None;
-    if (get_operand(args[1], &d, 1, rows, cols) < 0 || get_operand(args[2], &a, 0, rows, cols) < 0) goto fail;
-    if (has_b && get_operand(args[3], &b, 0, rows, cols) < 0) goto fail;
+    if (has_b && get_operand(args[3], &b, 0, rows, cols) < 0) {
+        release(&d);
+        release(&a);
+        release(&b);
+        return NULL;
+    }
     if (separable(&d, &a, rows, cols) && (!has_b || separable(&d, &b, rows, cols)) && fp_env_default()) {
         float imm = (float)immd; /* the caller passes an f32 value: exact */
         Py_BEGIN_ALLOW_THREADS
@@ -794,11 +807,6 @@ static PyObject *kernels_binary(PyObject *self, PyObject *const *args, Py_ssize_
     release(&a);
     release(&b);
     return PyLong_FromLong(result);
-fail:
-    release(&d);
-    release(&a);
-    release(&b);
-    return NULL;
 }
 
 /* special(fn, dst, src): fn 0 erf, 1 exp (see above). */
@@ -814,16 +822,9 @@ static PyObject *kernels_special(PyObject *self, PyObject *const *args, Py_ssize
         PyErr_SetString(PyExc_ValueError, "mcpc._kernels: unknown function");
         return NULL;
     }
-    args++;
     Operand d, a;
-    d.held = a.held = 0;
     Py_ssize_t rows, cols;
-    if (dst_shape(args[0], &rows, &cols) < 0) return NULL;
-    if (get_operand(args[0], &d, 1, rows, cols) < 0 || get_operand(args[1], &a, 0, rows, cols) < 0) {
-        release(&d);
-        release(&a);
-        return NULL;
-    }
+    if (get_dst_src(args[1], args[2], &d, &a, &rows, &cols) < 0) return NULL;
     PyObject *result;
     int exp_ok = 0;
 #if MCPC_X86
@@ -868,16 +869,6 @@ static PyObject *kernels_f32_vectorized(PyObject *self, PyObject *unused) {
 #endif
 }
 
-static PyObject *kernels_vectorized(PyObject *self, PyObject *unused) {
-    (void)self;
-    (void)unused;
-#if MCPC_X86
-    return PyBool_FromLong(have_f16c);
-#else
-    Py_RETURN_FALSE;
-#endif
-}
-
 static PyMethodDef methods[] = {
     {"convert", (PyCFunction)(void (*)(void))kernels_convert, METH_FASTCALL,
      "convert(dst, src) -> 1 all finite, 0 not, -1 not handled: dst[...] = src (f16 <-> f32)"},
@@ -890,7 +881,6 @@ static PyMethodDef methods[] = {
      "all_finite(x) -> whether every value of the 2-D f16/f32 array x is finite; None: not handled"},
     {"f32_vectorized", kernels_f32_vectorized, METH_NOARGS,
      "whether all-f32 arithmetic goes through AVX-512 (as fast as numpy's, with the finiteness test)"},
-    {"vectorized", kernels_vectorized, METH_NOARGS, "whether rows go through AVX2 + F16C"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -257,7 +257,7 @@ def _get(s: np.ndarray, d: tuple) -> np.ndarray:
 # written straight into the destination: numerics.binary's f32 arithmetic and numerics.cast's
 # rounding, without temporaries (numpy handles a destination overlapping a source).
 _F32 = np.dtype(np.float32)
-_NATIVE_FLOAT = frozenset({np.dtype(np.float16), _F32})
+_NATIVE_FLOAT = kernels.FLOATS  # f16 and f32: numpy converts between them itself, as do the kernels
 _SPECIAL_KERNELS = {"erf": kernels.erf, "exp": kernels.exp}
 _UFUNCS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
 
@@ -445,10 +445,9 @@ def _vbin(m: Machine, a: tuple) -> bool | None:
     if uf is not None and S0[5] in _NATIVE_FLOAT and D[5] in _NATIVE_FLOAT:
         x, y = _arg(s, S0), _arg(s, S1)
         dst = view(s, *D[:6])
-        if kernels.F32_FAST or S0[5] != _F32 or D[5] != _F32:  # f16: eight conversions at a time
-            done = kernels.binary(func, dst, x, y)
-            if done >= 0:
-                return done == 1 or None
+        done = kernels.binary(func, dst, x, y)
+        if done >= 0:
+            return done == 1 or None
         if S0[5] != _F32:  # f16 operands widened whole: faster than a ufunc's buffered casts
             x, y = x.astype(_F32), y.astype(_F32)
         uf(x, y, out=dst, dtype=_F32, casting="unsafe")
@@ -465,10 +464,9 @@ def _vbini(m: Machine, a: tuple) -> bool | None:
     uf = _UFUNCS.get(func)
     if uf is not None and S0[5] in _NATIVE_FLOAT and D[5] in _NATIVE_FLOAT:
         dst = view(s, *D[:6])
-        if kernels.F32_FAST or S0[5] != _F32 or D[5] != _F32:  # (numpy's f32 loops without AVX-512)
-            done = kernels.binary(func, dst, x, None, float(imm), bool(rev))
-            if done >= 0:
-                return done == 1 or None
+        done = kernels.binary(func, dst, x, None, float(imm), bool(rev))
+        if done >= 0:
+            return done == 1 or None
         if S0[5] == _F32:  # (f16 goes through a table)
             uf(*((imm, x) if rev else (x, imm)), out=dst, dtype=np.float32, casting="unsafe")
             return None
@@ -486,15 +484,13 @@ def _vun(m: Machine, a: tuple) -> bool | None:
         if done >= 0:
             return done == 1 or None
     if func == "copy" and S[6] is None and D[6] is None:
-        if S[5] != D[5] and S[5] in _NATIVE_FLOAT and D[5] in _NATIVE_FLOAT:
+        if S[5] == D[5] or S[5] in _NATIVE_FLOAT and D[5] in _NATIVE_FLOAT:
             dst, x = view(s, *D[:6]), _arg(s, S)
-            done = kernels.convert(dst, x)
-            if done >= 0:
-                return done == 1 or None
+            if S[5] != D[5]:  # f16 <-> f32: eight conversions at a time
+                done = kernels.convert(dst, x)
+                if done >= 0:
+                    return done == 1 or None
             np.copyto(dst, x, casting="unsafe")
-            return None
-        if S[5] == D[5]:
-            np.copyto(view(s, *D[:6]), _arg(s, S), casting="unsafe")
             return None
     _put(s, D, unary(func, _arg(s, S), out))
     return None

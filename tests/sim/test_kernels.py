@@ -113,7 +113,10 @@ def _check_binary(func, dst_dtype, a, b, imm=0.0, rev=False):
 @pytest.mark.parametrize("src_dtype", [np.float16, np.float32])
 @pytest.mark.parametrize("dst_dtype", [np.float16, np.float32])
 @pytest.mark.parametrize("func", ["add", "sub", "mul", "div"])
-def test_binary_gives_numpys_bits(func, dst_dtype, src_dtype):
+def test_binary_gives_numpys_bits(func, dst_dtype, src_dtype, monkeypatch):
+    # all-f32 arithmetic too, which binary() leaves to numpy on CPUs without AVX-512: the kernel's
+    # own scalar and AVX2 rows are checked on every CPU
+    monkeypatch.setattr(kernels, "_F32_FAST", True)
     rng = np.random.default_rng(2)
     ubits = np.uint16 if src_dtype == np.float16 else np.uint32
     for trial in range(6):
@@ -135,8 +138,8 @@ def test_in_place_is_computed_and_partial_overlap_is_left_to_numpy():
     rng = np.random.default_rng(3)
     buf = rng.standard_normal(4096).astype(np.float32)
     x = buf[:2048].reshape(32, 64)
-    y = rng.standard_normal((32, 64)).astype(np.float32)
-    want = x + y
+    y = rng.standard_normal((32, 64)).astype(np.float16)  # (f16: taken on every CPU, AVX-512 or not)
+    want = x + y.astype(np.float32)
     assert kernels.binary("add", x, x, y) == 1  # in place: the same element read, then written
     assert np.array_equal(x, want)
     before = buf.copy()
@@ -174,6 +177,12 @@ def test_programs_give_the_same_bits_and_cycles_without_the_kernels(examples_dir
             assert with_k.outputs[out].tobytes() == without.outputs[out].tobytes(), out
 
 
+def _neighbours(values) -> np.ndarray:
+    """Each f32 value with the three f32 values on either side of it: (len(values), 7)."""
+    bits = np.asarray(values, np.float32).view(np.uint32).astype(np.int64)
+    return (bits[:, None] + np.arange(-3, 4)[None, :]).astype(np.uint32).view(np.float32)
+
+
 def _erf_ref(x: np.ndarray) -> np.ndarray:
     with np.errstate(all="ignore"):
         return special.erf(x.astype(np.float64)).astype(np.float32)
@@ -185,13 +194,11 @@ def test_erf_gives_scipys_f32_bits():
     neighbours, NaN, infinities, zeros and subnormals; contiguous (vector) and strided (scalar) rows,
     in place too."""
     rng = np.random.default_rng(4)
-    ends = np.concatenate([1.0 + np.arange(0, 29) * 0.125, [4.5, 6.0, 3.85, 3.9, 1e-20, 1e-40]])
-    ends = np.concatenate([ends, -ends]).astype(np.float32)
-    near = (
-        (ends.view(np.uint32)[:, None] + np.arange(-3, 4, dtype=np.int64)[None, :])
-        .astype(np.uint32)
-        .view(np.float32)
-    )
+    # the interval ends of both tables (widths 7/8 and 7/16 from 1 to 4.5), an eighth grid over the
+    # same range, where rounding to 1 begins
+    grid = np.concatenate([1.0 + np.arange(0, 9) * 0.4375, 1.0 + np.arange(0, 29) * 0.125])
+    ends = np.concatenate([grid, [6.0, 3.85, 3.9, 1e-20, 1e-40]])
+    near = _neighbours(np.concatenate([ends, -ends]))
     specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], np.float32)
     for scale in (1e-3, 0.3, 1.5, 3.0, 10.0):
         x = (rng.standard_normal(1 << 18) * scale).astype(np.float32)
@@ -228,11 +235,9 @@ def test_exp_gives_numpys_f32_bits():
     rng = np.random.default_rng(5)
     edges = np.array([88.72283, 88.72284, 88.7229, -87.33655, -103.27893, -103.97208, -104.0, -200.0, -745.2,
                       0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30, -1e-30], np.float32)  # fmt: skip
-    near = (edges.view(np.uint32)[:, None] + np.arange(-3, 4, dtype=np.int64)[None, :]).astype(np.uint32)
+    near = _neighbours(edges)
     for scale in (1e-3, 1.0, 10.0, 60.0, 1e4):
-        x = np.concatenate(
-            [(rng.standard_normal(1 << 18) * scale).astype(np.float32), near.view(np.float32).ravel()]
-        )
+        x = np.concatenate([(rng.standard_normal(1 << 18) * scale).astype(np.float32), near.ravel()])
         x = x[: x.size - x.size % 64].reshape(64, -1)
         dst = np.empty(x.shape, np.float32)
         assert kernels.exp(dst, x) in (0, 1)
