@@ -88,10 +88,11 @@ def describe_model(path: str | Path) -> dict[str, Any]:
     import onnx
 
     from mcpc.ir.onnx_import import MAX_OPSET, MIN_OPSET, unsupported_reason
-    from mcpc.ir.onnx_shapes import _graph_inputs, dim_line, input_dims, may_be_empty
+    from mcpc.ir.onnx_shapes import _graph_inputs, dim_line, fix_numeric_dims, input_dims, may_be_empty
 
     path = Path(path)
     proto = _load(path)
+    fix_numeric_dims(proto.graph)
     if proto.functions:
         proto = onnx.inliner.inline_local_functions(proto)
     graph = proto.graph
