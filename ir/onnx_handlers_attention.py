@@ -1,4 +1,4 @@
-"""The ONNX handlers for the transformer ops of opset 23/24: ``Attention``, ``RMSNormalization`` and
+"""The ONNX handlers for the transformer ops of opsets 23–25: ``Attention``, ``RMSNormalization`` and
 ``RotaryEmbedding`` (torch's dynamo exporter writes them at opset 23: SDPA as ``Attention``, and the
 onnxscript optimizer fuses RMSNorm and RoPE).
 
@@ -8,10 +8,14 @@ function body and ``onnx.reference`` compute it; ONNX Runtime is the conformance
 (``tests/ir/test_onnx_attention_ops.py``).  What is not supported is refused naming the node, in
 ``CHECKS`` where it can be seen statically (so ``inspect-model`` says why):
 
-* ``Attention``: the ``nonpad_kv_seqlen`` input (opset 24), the ``qk_matmul_output`` output, and
-  the sliding-window attributes of opset 25; everything else — 3-D or 4-D Q/K/V, GQA, ``past_key``
-  / ``past_value`` with the ``present_*`` outputs, a boolean or additive ``attn_mask`` (shorter
-  than the keys: padded), ``is_causal`` (bottom-right aligned after the past), ``scale``,
+* ``Attention`` (opsets 23–25): ``nonpad_kv_seqlen`` beside a past (the specification forbids
+  it); everything else — 3-D or 4-D Q/K/V, GQA, ``past_key`` / ``past_value`` with the
+  ``present_*`` outputs, ``nonpad_kv_seqlen`` (opset 24: per-sequence key counts, computed on at
+  run time), a boolean or additive ``attn_mask`` (shorter than the keys: padded), ``is_causal``
+  (bottom-right aligned after the past or the non-padded keys), the sliding window of opset 25,
+  the ``qk_matmul_output`` output in its four modes (ONNX Runtime's: 0 the scaled QK, 1 after the
+  softcap, 2 after the bias, 3 the probabilities; onnx.reference applies the softcap in mode 0
+  too), ``scale``,
   ``softcap``, ``softmax_precision`` (all computed in f32: float16 inputs are rounded once, at
   the output), the fully-masked-row guard (such rows give 0);
 * ``RMSNormalization``: ``stash_type`` other than float;
@@ -132,18 +136,19 @@ def _slice_last(ctx, x, start: int, end: int):
 @check("Attention")
 def _attention_check(node, attrs, opset, used):
     ins = list(node.input)
-    if len(ins) > 6 and ins[6]:
-        return "the nonpad_kv_seqlen input (per-sequence key counts, opset 24) is not supported"
-    if len(node.output) > 3 and node.output[3] in used:
-        return "the qk_matmul_output output (4th) is not supported"
-    for a in ("left_window_size", "right_window_size"):
-        if attrs.get(a, -1) != -1:
-            return f"{a} = {attrs[a]} (sliding-window attention, opset 25) is not supported"
-    if bool(len(ins) > 4 and ins[4]) != bool(len(ins) > 5 and ins[5]):
+    past = bool(len(ins) > 4 and ins[4]), bool(len(ins) > 5 and ins[5])
+    if past[0] != past[1]:
         return "past_key and past_value must be given together"
+    if past[0] and len(ins) > 6 and ins[6]:
+        return "nonpad_kv_seqlen cannot be combined with past_key / past_value (the specification forbids it)"
+    if attrs.get("qk_matmul_output_mode", 0) not in (0, 1, 2, 3):
+        return f"qk_matmul_output_mode {attrs['qk_matmul_output_mode']} is not one of 0..3"
+    for a in ("left_window_size", "right_window_size"):
+        if attrs.get(a, -1) < -1:
+            return f"{a} = {attrs[a]} (must be -1 or non-negative)"
     precision = attrs.get("softmax_precision")
-    if precision is not None and precision not in (_T.FLOAT, _T.FLOAT16):
-        return f"softmax_precision {precision} is not supported (float or float16)"
+    if precision is not None and precision not in (_T.FLOAT, _T.FLOAT16, _T.BFLOAT16):
+        return f"softmax_precision {precision} is not supported (float, float16 or bfloat16)"
     return None
 
 
@@ -194,7 +199,6 @@ def _attention(ctx, ins):
     out_dtype = ctx.dtype(q)
     # narrower floats are computed in f32 and rounded once (the exact result's rounding, which the
     # ONNX node tests' fp16 data hold; rounding every step as the reference does misses by 2 ulp)
-    dtype = F32
     reps = hq // hk
     q = _cast(ctx, q, F32)
     k_rep, v_rep = (_cast(ctx, _repeat_heads(ctx, t, reps), F32) for t in (k, v))
@@ -205,13 +209,17 @@ def _attention(ctx, ins):
     ks = ctx.emit(ops.MulOp, [k_rep, root])
     kt = ctx.emit(ops.TransposeOp, [ks], {"perm": [0, 1, 3, 2]})
     scores = ctx.emit(ops.MatMulOp, [qs, kt])
+    raw = scores  # the QK output of mode 0 (ONNX Runtime's: before the softcap)
     softcap = float(ctx.attr("softcap", 0.0) or 0.0)
     if softcap > 0:
         c = _scalar(ctx, softcap, scores)
         scores = ctx.emit(ops.MulOp, [ctx.emit(ops.TanhOp, [ctx.emit(ops.DivOp, [scores, c])]), c])
-    bias = _bias(ctx, mask, s, t, 0 if past_k is None else ctx.shape(past_k)[2], dtype)
+    nonpad = ins[6] if len(ins) > 6 else None
+    bias = _bias(ctx, mask, s, t, 0 if past_k is None else ctx.shape(past_k)[2], nonpad)
+    capped = scores  # mode 1: after the softcap
     if bias is not None:
         scores = ctx.emit(ops.AddOp, [scores, bias])
+    with_bias = scores
     masked_rows = _masked_rows(ctx, bias)
     if masked_rows is not None:  # no NaN from an all −inf row: softmax a zero row, then zero it
         scores = ctx.emit(ops.SelectOp, [masked_rows, _scalar(ctx, 0.0, scores), scores])
@@ -223,28 +231,65 @@ def _attention(ctx, ins):
         y = _reshape(
             ctx, ctx.emit(ops.TransposeOp, [y], {"perm": [0, 2, 1, 3]}), [b, s, hq * ctx.shape(v)[3]]
         )
-    return [y, present_k, present_v]
+    outs = [y, present_k, present_v]
+    if len(ctx.node.output) > 3 and ctx.node.output[3]:
+        mode = int(ctx.attr("qk_matmul_output_mode", 0))
+        picked = (raw, capped, with_bias, probs)[mode]
+        if list(ctx.shape(picked)) != [b, hq, s, t]:  # a bias broadcast smaller than the scores
+            picked = ctx.emit(ops.BroadcastOp, [picked], {"shape": [b, hq, s, t]})
+        outs.append(_cast(ctx, picked, out_dtype))
+    return outs
 
 
-def _bias(ctx, mask, s: int, t: int, offset: int, dtype):
-    """The additive bias [.., s, t]: ``attn_mask`` (boolean -> 0 / −inf; padded with −inf to t
-    keys) plus, with ``is_causal``, −inf where key j > query i + offset; None when there is none."""
+def _bias(ctx, mask, s: int, t: int, offset: int, nonpad):
+    """The additive f32 bias [.., s, t], or None when there is none: ``attn_mask`` (boolean -> 0 /
+    −inf; padded with −inf to t keys) plus −inf where a key is outside the causal frontier
+    (``is_causal``: key j > query i + offset) or the sliding window (opset 25: i + offset − j >
+    left, j − i − offset > right).  With ``nonpad_kv_seqlen`` (no past) the offset is per sequence,
+    nonpad[b] − s, and keys j ≥ nonpad[b] are padding: that part is computed at run time."""
     bias = None
     if mask is not None:
         if ctx.dtype(mask) == I1:
-            mask = ctx.emit(
-                ops.SelectOp, [mask, np.zeros((), dtype.np_dtype), np.array(-np.inf, dtype.np_dtype)]
-            )
+            mask = ctx.emit(ops.SelectOp, [mask, np.zeros((), np.float32), np.array(-np.inf, np.float32)])
         mshape = list(ctx.shape(mask))
         if mshape[-1] < t:
-            pad = np.full([*mshape[:-1], t - mshape[-1]], -np.inf, dtype.np_dtype)
-            mask = ctx.emit(ops.ConcatOp, [mask, pad], {"axis": -1})
-        bias = _cast(ctx, mask, dtype)
-    if ctx.attr("is_causal", 0):
-        allowed = np.arange(t)[None, :] <= np.arange(s)[:, None] + offset
-        causal = np.where(allowed, 0.0, -np.inf).astype(dtype.np_dtype)
-        bias = causal if bias is None else ctx.emit(ops.AddOp, [bias, causal])
-    return bias
+            pad = np.full([*mshape[:-1], t - mshape[-1]], -np.inf, np.float32)
+            mask = ctx.emit(ops.ConcatOp, [_cast(ctx, mask, F32), pad], {"axis": -1})
+        bias = _cast(ctx, mask, F32)
+    causal = bool(ctx.attr("is_causal", 0))
+    left, right = int(ctx.attr("left_window_size", -1)), int(ctx.attr("right_window_size", -1))
+    i, j = np.arange(s)[:, None], np.arange(t)[None, :]
+    if nonpad is None:
+        allowed = np.ones((s, t), bool)
+        if causal:
+            allowed &= j <= i + offset
+        if left >= 0:
+            allowed &= i + offset - j <= left
+        if right >= 0:
+            allowed &= j - i - offset <= right
+        if not allowed.all():
+            const = np.where(allowed, 0.0, -np.inf).astype(np.float32)
+            bias = const if bias is None else ctx.emit(ops.AddOp, [bias, const])
+        return bias
+    n = _reshape(ctx, nonpad, [ctx.shape(nonpad)[0], 1, 1, 1])
+    # each condition as Less(constant, n) or Less(n, constant), the constant [s, t] built from i, j
+    # (with o_b = n_b − s): key padding j < n; causal j ≤ i + o ⟺ j − i + s − 1 < n; window left
+    # i + o − j ≤ left ⟺ n < left + s + j − i + 1; right j − i − o ≤ right ⟺ j − i + s − right − 1 < n
+    below = [j + 0 * i]
+    above = []
+    if causal:
+        below.append(j - i + s - 1)
+    if left >= 0:
+        above.append(left + s + j - i + 1)
+    if right >= 0:
+        below.append(j - i + s - right - 1)
+    allowed = None
+    for c, n_is_greater in [(c, True) for c in below] + [(c, False) for c in above]:
+        c = c.astype(np.int64)
+        cond = ctx.emit(ops.LessOp, [c, n] if n_is_greater else [n, c])
+        allowed = cond if allowed is None else ctx.emit(ops.SelectOp, [allowed, cond, np.array(False)])
+    runtime = ctx.emit(ops.SelectOp, [allowed, np.zeros((), np.float32), np.array(-np.inf, np.float32)])
+    return runtime if bias is None else ctx.emit(ops.AddOp, [bias, runtime])
 
 
 def _masked_rows(ctx, bias):
