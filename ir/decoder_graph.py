@@ -419,11 +419,13 @@ def _match_fused_attention(g: GraphIndex, layer: Layer, found: list, mask: str |
             f"layer {layer.index}: {g.name(node)} reads '{layer.present['value']}' but not '{pk}' as K"
         )
     extra = [x for x in node.input[4:] if x] + [x for x in node.output[1:] if x]
+    window = max(_attr(node, "left_window_size", -1), _attr(node, "right_window_size", -1)) >= 0
     why = (
         f"inputs/outputs {extra} (its own past K/V, nonpad_kv_seqlen or the QK output)" if extra
         else "is_causal = 1" if _attr(node, "is_causal", 0)
         else "a softcap" if _attr(node, "softcap", 0.0)
         else "3-D Q/K/V" if _attr(node, "q_num_heads", 0) or _attr(node, "kv_num_heads", 0)
+        else "a sliding window" if window
         else None
     )  # fmt: skip
     if why:

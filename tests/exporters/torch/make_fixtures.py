@@ -12,9 +12,11 @@ a batch symbol of its own, present outputs sized by the expression ``s36 + s70``
 transformers' default SDPA attention:
 
 * opset 18: the SDPA decomposed into MatMul/Softmax; the causal mask built with a ``GatherND``;
-* opset 23: the newest whose graph differs — the onnxscript optimizer fuses ONNX's own
-  ``RMSNormalization`` and ``RotaryEmbedding`` at exactly opset 23, and SDPA becomes ONNX
-  ``Attention`` (opsets 24 and 25 give the opset-18 graph with ``Attention`` only, no new op).
+* opset 23: the onnxscript optimizer fuses ONNX's own ``RMSNormalization`` and
+  ``RotaryEmbedding`` at exactly opset 23, and SDPA becomes ONNX ``Attention``; opsets 24 and 25
+  (the newest the exporter offers: asked for 26, its version conversion fails and it writes an
+  invalid opset-18 graph holding ``Attention``) give the opset-18 graph with ``Attention`` only,
+  no op that 23 lacks, so they are not committed.
 
 Names are the exporter's: inputs ``input_ids``, ``attention_mask``, ``position_ids``,
 ``past_key_values.layers.{i}.keys|values``; outputs ``logits``, ``cache.layers.{i}.keys|values``.

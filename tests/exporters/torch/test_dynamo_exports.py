@@ -168,3 +168,21 @@ def test_a_dim_named_by_a_number_is_that_fixed_size():
     module = import_onnx(model, dims={"b": 2})  # "3" needs no binding
     got = interpret(module, {"x": -np.ones((2, 3), np.float32)})
     assert got["y"].shape == (2, 3) and model.graph.input[0].type.tensor_type.shape.dim[1].dim_param == "3"
+
+
+@pytest.mark.parametrize(
+    "attr, value, why", [("softcap", 30.0, "a softcap"), ("left_window_size", 8, "a sliding window")]
+)
+def test_a_fused_attention_the_paged_build_cannot_take_is_refused_naming_it(attr, value, why):
+    from onnx import helper
+
+    from mcpc.errors import UnsupportedError
+    from mcpc.ir.decoder_import import DecoderBuild, import_decoder
+
+    model = onnx.load(str(FIXTURES / "llama-dynamo-opset23.onnx"))
+    node = next(n for n in model.graph.node if n.op_type == "Attention")
+    kept = [a for a in node.attribute if a.name != attr]
+    del node.attribute[:]
+    node.attribute.extend([*kept, helper.make_attribute(attr, value)])
+    with pytest.raises(UnsupportedError, match=f"layer 0: node '{node.name}' \\(Attention\\) has {why}"):
+        import_decoder(model, DecoderBuild(max_seq=64))
