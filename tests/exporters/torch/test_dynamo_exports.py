@@ -186,3 +186,34 @@ def test_a_fused_attention_the_paged_build_cannot_take_is_refused_naming_it(attr
     node.attribute.extend([*kept, helper.make_attribute(attr, value)])
     with pytest.raises(UnsupportedError, match=f"layer 0: node '{node.name}' \\(Attention\\) has {why}"):
         import_decoder(model, DecoderBuild(max_seq=64))
+
+
+@pytest.mark.parametrize("batch_dims", [0, 1])
+def test_gathernd_compiled_on_the_simulator_matches_onnx_runtime(batch_dims, tmp_path):
+    """GatherND on run-time data with constant indices (the causal mask's lookup), as a build."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    import mcpc
+
+    rng = np.random.default_rng(batch_dims)
+    x = rng.standard_normal((2, 5, 3)).astype(np.float32)
+    idx = (
+        rng.integers(-5, 5, (2, 4, 1))
+        if batch_dims
+        else np.stack([rng.integers(0, 2, 6), rng.integers(-5, 5, 6)], -1)
+    )
+    nodes = [
+        helper.make_node("GatherND", ["x", "i"], ["g"], batch_dims=batch_dims),
+        helper.make_node("Relu", ["g"], ["y"]),
+    ]
+    out = [2, 4, 3] if batch_dims else [6, 3]
+    inits = [numpy_helper.from_array(idx.astype(np.int64), "i")]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.save(model, tmp_path / "m.onnx")
+    mcpc.compile(tmp_path / "m.onnx", qat_config="fp32", output=tmp_path / "m.mcpb")
+    got = run_program(load_program(tmp_path / "m.mcpb"), {"x": x}).outputs["y"]
+    np.testing.assert_array_equal(got, run_onnxruntime(tmp_path / "m.onnx", {"x": x})["y"])
