@@ -18,8 +18,16 @@ transformers' default SDPA attention:
   invalid opset-18 graph holding ``Attention``) give the opset-18 graph with ``Attention`` only,
   no op that 23 lacks, so they are not committed.
 
-Names are the exporter's: inputs ``input_ids``, ``attention_mask``, ``position_ids``,
-``past_key_values.layers.{i}.keys|values``; outputs ``logits``, ``cache.layers.{i}.keys|values``.
+And, as a user calling torch's exporter directly writes it, a bare ``torch.onnx.export(...,
+dynamo=True)`` at opset 18 of ``make_decoders.with_past`` (flat past tensors in, the DynamicCache
+built inside) with ``input_names`` / ``output_names`` (``past_key_values.{i}.key`` ->
+``present.{i}.key``) and ``Dim.AUTO`` axes: symbols ``s10`` (batch), ``s70``, ``s43``/``s53`` (the
+mask), and one past symbol per group of past inputs torch could not prove equal (``s15``, ``s89``,
+``s81``) — the form of the issue's SmolLM2 export; ``*-dynamo-plain-opset18.onnx``.
+
+Names of the ``OnnxExporter`` files are the exporter's: inputs ``input_ids``, ``attention_mask``,
+``position_ids``, ``past_key_values.layers.{i}.keys|values``; outputs ``logits``,
+``cache.layers.{i}.keys|values``.
 Weights are stored inline (the exporter writes a ``.data`` file beside the graph) and the nodes'
 ``metadata_props`` (torch stack traces, a third of the file) are dropped; nothing else is changed.
 
@@ -56,7 +64,8 @@ import make_decoders as md  # noqa: E402
 from mcpc.ort_decoder import OrtDecoder, greedy  # noqa: E402
 
 FAMILIES = ("llama", "qwen2")
-OPSETS = (18, 23)
+# (how, opset): transformers' OnnxExporter, or a bare torch.onnx.export(dynamo=True) of a wrapper
+EXPORTS = (("transformers", 18), ("transformers", 23), ("torch", 18))
 PAST, NEW, BATCH = 4, 3, 2
 
 
@@ -80,6 +89,40 @@ def export(family: str, opset: int, path: Path) -> None:
         exported = OnnxExporter().export(model, inputs, config=OnnxConfig(dynamic=True, opset_version=opset))
         exported.save_pretrained(tmp)
         m = onnx.load(str(Path(tmp) / "model.onnx"))  # reads model.onnx.data beside it
+    _save(m, path)
+
+
+def export_plain(family: str, opset: int, path: Path) -> None:
+    """Export ``family``'s decoder with past with a bare ``torch.onnx.export(..., dynamo=True)`` of
+    ``make_decoders.with_past`` (flat past tensors in, a DynamicCache built inside), names given as
+    ``input_names`` / ``output_names`` (``past_key_values.{i}.key`` -> ``present.{i}.key``), every
+    axis ``Dim.AUTO`` but the heads and head_dim — as a user calls torch's exporter directly."""
+    import torch
+    from torch.export import Dim
+
+    model = md.build_model(family)
+    model.config._attn_implementation = "sdpa"
+    d = md.dims(model.config)
+    ids, mask, pos, kv = md.example_inputs(d, BATCH, NEW, PAST)
+    past, present = md.kv_names(d["layers"], "past_key_values"), md.kv_names(d["layers"], "present")
+    auto = Dim.AUTO
+    shapes = ({0: auto, 1: auto},) * 3 + (tuple({0: auto, 2: auto} for _ in kv),)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            md.with_past(model),
+            (ids, mask, pos, *kv),
+            dynamo=True,
+            opset_version=opset,
+            input_names=["input_ids", "attention_mask", "position_ids", *past],
+            output_names=["logits", *present],
+            dynamic_shapes=shapes,
+        )
+    _save(program.model_proto, path)
+
+
+def _save(m: onnx.ModelProto, path: Path) -> None:
+    """``m`` into ``path`` (weights inline, no per-node provenance), checked, atomically."""
     for t in m.graph.initializer:
         if t.data_location == onnx.TensorProto.EXTERNAL:
             raise RuntimeError(f"{t.name} still external")
@@ -124,17 +167,19 @@ def write_readme(out: Path, manifest: dict) -> None:
         "",
         "Written by `tests/exporters/torch/make_fixtures.py` (see its docstring) with",
         ", ".join(f"{k} {v[k]}" for k in v) + f" (Python {sys.version.split()[0]}): the",
-        "`tests/llm/make_decoders.py` decoders (same configs, same seeded weights) exported by transformers'",
-        "`OnnxExporter` (`torch.onnx.export` of the `torch.export` program), `dynamic=True`, SDPA attention,",
-        "a `DynamicCache` past; weights inline, the nodes' `metadata_props` (stack traces) dropped.",
+        "`tests/llm/make_decoders.py` decoders (same configs, same seeded weights, SDPA attention)",
+        "exported by transformers' `OnnxExporter` (`torch.onnx.export` of the `torch.export` program,",
+        "`dynamic=True`, a `DynamicCache` past) and by a bare `torch.onnx.export(..., dynamo=True)` of",
+        "`make_decoders.with_past` (`-plain-`); weights inline, the nodes' `metadata_props` (stack",
+        "traces) dropped.",
         "Reproduce with",
         "`$(tests/exporters/venv.sh torch) tests/exporters/torch/make_fixtures.py`.",
         "",
         "`dynamo.json` holds each file's dims, op types and ONNX Runtime's 24-token greedy continuation of",
         "the family's prompt from `tests/llm/decoders/decoders.json` (equal to the TorchScript export's).",
         "",
-        "| file | family | opset | KiB | inputs | outputs |",
-        "|---|---|---|---|---|---|",
+        "| file | family | exporter | opset | KiB | inputs | outputs |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, f in manifest["files"].items():
         size = (out / name).stat().st_size / 1024
@@ -142,9 +187,18 @@ def write_readme(out: Path, manifest: dict) -> None:
         def fmt(names, f=f):
             return "<br>".join(f"`{n}` [{', '.join(map(str, f['io'][n]))}]" for n in names)
 
-        ins = [n for n in f["io"] if not n.startswith(("logits", "cache."))]
-        outs = [n for n in f["io"] if n.startswith(("logits", "cache."))]
-        lines.append(f"| `{name}` | {f['family']} | {f['opset']} | {size:.0f} | {fmt(ins)} | {fmt(outs)} |")
+        outs = [n for n in f["io"] if n.startswith(("logits", "cache.", "present."))]
+        ins = [n for n in f["io"] if n not in outs]
+        cells = [
+            f"`{name}`",
+            f["family"],
+            f"`{f['exporter']}`",
+            str(f["opset"]),
+            f"{size:.0f}",
+            fmt(ins),
+            fmt(outs),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "| file | op types (count) |", "|---|---|"]
     for name, f in manifest["files"].items():
         lines.append(f"| `{name}` | {', '.join(f'{k} {c}' for k, c in f['op_types'].items())} |")
@@ -160,9 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     manifest = {"versions": _versions(), "past": PAST, "new": NEW, "batch": BATCH, "files": {}}
     for family in FAMILIES:
         ref = reference[family]
-        for opset in OPSETS:
-            path = opts.out / f"{family}-dynamo-opset{opset}.onnx"
-            export(family, opset, path)
+        for how, opset in EXPORTS:
+            path = opts.out / f"{family}-dynamo{'-plain' if how == 'torch' else ''}-opset{opset}.onnx"
+            (export_plain if how == "torch" else export)(family, opset, path)
             tokens, margins = greedy(OrtDecoder(path), ref["prompt"], len(ref["greedy"]), return_margins=True)
             if tokens != ref["greedy"]:
                 raise AssertionError(
@@ -170,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
             manifest["files"][path.name] = {
                 "family": family,
+                "exporter": "transformers.exporters.OnnxExporter"
+                if how == "transformers"
+                else "torch.onnx.export",
                 **describe(path),
                 "torchscript": f"tests/llm/decoders/{ref['file']}",
                 "prompt": ref["prompt"],
