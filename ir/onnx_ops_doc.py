@@ -15,6 +15,7 @@ repository root, or ``make docs``).
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -41,15 +42,21 @@ def onnx_versions(op_type: str) -> list[int]:
     """The ONNX versions of default-domain ``op_type`` in effect at some opset of MIN–MAX_OPSET:
     the one in effect at MIN_OPSET (if the op exists by then) and every later one up to MAX_OPSET.
     Empty when the installed onnx has no schema of that name."""
-    import onnx.defs
-
-    since = sorted(
-        s.since_version
-        for s in onnx.defs.get_all_schemas_with_history()
-        if s.domain == "" and s.name == op_type and s.since_version <= MAX_OPSET
-    )
+    since = sorted(v for v in _schema_versions().get(op_type, ()) if v <= MAX_OPSET)
     before = [v for v in since if v <= MIN_OPSET]
     return before[-1:] + [v for v in since if v > MIN_OPSET]
+
+
+@functools.cache
+def _schema_versions() -> dict[str, tuple[int, ...]]:
+    """Every default-domain op of the installed onnx: the opsets that introduced its versions."""
+    import onnx.defs
+
+    versions: dict[str, list[int]] = {}
+    for schema in onnx.defs.get_all_schemas_with_history():
+        if schema.domain == "":
+            versions.setdefault(schema.name, []).append(schema.since_version)
+    return {name: tuple(v) for name, v in versions.items()}
 
 
 def _opsets(versions: list[int]) -> str:
