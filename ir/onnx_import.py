@@ -80,8 +80,9 @@ def import_onnx(
     opset = default_opset(proto, label)
     if proto.functions:
         proto = onnx.inliner.inline_local_functions(proto)
+    # before binding: no --dim makes an unsupported model compile, so say that first
+    check_supported(proto, label)
     bound = bind_input_shapes(proto.graph, label, shapes or {}, dims or {})
-    check_supported(proto, label)  # before anything that needs the input dtypes
     if dram_bytes is not None:
         _check_inputs_fit(proto.graph, label, bound, dram_bytes)
     inferred = _onnx_shapes(proto, bound, label)
