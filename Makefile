@@ -51,6 +51,14 @@ ci-examples: $(STAMP)
 	$(BIN)/mcpc examples build out
 	$(BIN)/mcpc ci examples/ci.yaml --junit out/ci-junit.xml --json out/ci.json
 
+# The generated docs: docs/isa.md's instruction sections (the ISA specs) and docs/onnx-ops.md (the
+# ONNX importer's registry); tests/arch/test_arch_isa_docs.py and tests/ir/test_onnx_ops_doc.py fail
+# when either is stale.
+.PHONY: docs
+docs: $(STAMP)
+	$(BIN)/python -m mcpc.arch.isa_doc --write
+	$(BIN)/python -m mcpc.ir.onnx_ops_doc --write
+
 # ONNX backend node tests: import + interpreter (level 1) and compile + simulate (level 2).
 conformance: $(STAMP)
 	mkdir -p $(OUT)

@@ -195,6 +195,7 @@ def _where(ctx, ins):
 
 @check("Gelu")
 def _gelu_check(node, attrs, opset, used):
+    """approximate must be "none" or "tanh" (the two ONNX defines)."""
     if attrs.get("approximate", "none") not in ("none", "tanh"):
         return f"approximate={attrs['approximate']!r} is not defined (none or tanh)"
     return None
@@ -214,6 +215,7 @@ def _gelu(ctx, ins):
 
 
 def _ms_gelu(ctx, ins):
+    """The exact (erf) GELU, as ``mcp.gelu``."""
     return [ctx.emit(ops.GeluOp, ins[:1])]  # com.microsoft Gelu is the exact (erf) GELU
 
 
@@ -222,6 +224,8 @@ DOMAIN_HANDLERS["com.microsoft", "Gelu"] = _ms_gelu
 
 @check("Cast", "CastLike")
 def _cast_check(node, attrs, opset, used):
+    """to must be a dtype mcpc has (DOUBLE is imported as f32, a rounding); saturate=0 is refused
+    (casts to f8 saturate)."""
     if node.op_type == "Cast":
         to = attrs.get("to")
         if to != _T.DOUBLE:
@@ -254,6 +258,7 @@ def _identity(ctx, ins):
 
 @check("Dropout")
 def _dropout_check(node, attrs, opset, used):
+    """Inference only: the mask output must be unused (training_mode=true is refused at conversion)."""
     if len(node.output) > 1 and node.output[1] in used:
         return "the mask output is used (only inference-mode Dropout is supported)"
     return None

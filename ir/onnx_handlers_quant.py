@@ -28,7 +28,8 @@ from mcpc.ir.ops_quant import DEQUANTIZABLE_DTYPES
 
 @check("QuantizeLinear", "DequantizeLinear")
 def _qdq_check(node, attrs, opset, used):
-    """Attribute problems found before conversion, so that every unsupported node is listed."""
+    """output_dtype must be a dtype mcpc has; precision, when given, must be f32 (mcp.quantize
+    divides in f32)."""
     for key in ("output_dtype", "precision"):
         if attrs.get(key):
             try:

@@ -9,8 +9,9 @@ guarantees a ``Module`` that verifies, or one of these errors:
   fixed dim contradicted, a 0 emptying an input that cannot be empty), listing the model's dims.
 * ``DoesNotFit`` — with ``dram_bytes``, inputs larger than the target's DRAM; an import-time
   constant the host cannot allocate.
-* ``UnsupportedError`` — every unsupported node listed at once as
-  ``node 'name' (op_type OpType, opset N)``, plus unsupported input/output dtypes.
+* ``UnsupportedError`` — one message for everything unsupported (``mcpc.ir.onnx_support``): the
+  refused nodes grouped by (domain, op type, opset, reason) with their count and first node, plus
+  unsupported input/output dtypes.
 * ``McpcError`` (exit 70) — an importer bug: our type inference disagrees with ONNX's.
 
 Import-time values are either numpy arrays (known constants) or IR ``Value``s.  A node whose
@@ -36,8 +37,11 @@ from mcpc.ir import ops_nn, ops_shape  # noqa: F401  (registers the ops the hand
 from mcpc.ir.core import Function, Module, Operation, Value
 from mcpc.ir.dtypes import I32, I64, DType, dtype_from_numpy
 from mcpc.ir.interpreter import evaluate_op
-from mcpc.ir.onnx_handlers import CHECKS, DOMAIN_HANDLERS, HANDLERS, onnx_dtype
+from mcpc.ir.onnx_handlers import DOMAIN_HANDLERS, HANDLERS, onnx_dtype
 from mcpc.ir.onnx_shapes import _graph_inputs, _onnx_shapes, bind_input_shapes
+from mcpc.ir.onnx_support import DEFAULT_DOMAINS as _DEFAULT_DOMAINS
+from mcpc.ir.onnx_support import check_supported, unsupported_reason  # noqa: F401  (re-exported)
+from mcpc.ir.onnx_support import node_attrs as _attrs
 from mcpc.ir.ops_core import ConstantOp, ReturnOp
 from mcpc.ir.ops_elementwise import CastOp
 from mcpc.ir.types import TensorType
@@ -45,7 +49,6 @@ from mcpc.ir.types import TensorType
 MIN_OPSET, MAX_OPSET = 13, 28
 # Import-time folding never grows constant storage past this (see ``Importer.emit``).
 IMPORT_FOLD_MAX_ELEMENTS = 1 << 22
-_DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
 class ImporterBug(InternalError):
@@ -77,6 +80,8 @@ def import_onnx(
     opset = default_opset(proto, label)
     if proto.functions:
         proto = onnx.inliner.inline_local_functions(proto)
+    # before binding: no --dim makes an unsupported model compile, so say that first
+    check_supported(proto, label)
     bound = bind_input_shapes(proto.graph, label, shapes or {}, dims or {})
     if dram_bytes is not None:
         _check_inputs_fit(proto.graph, label, bound, dram_bytes)
@@ -101,22 +106,6 @@ def _check_inputs_fit(graph, label: str, bound: dict[str, tuple[int, ...]], dram
             "DRAM",
             "dram.size_bytes",
         )
-
-
-def unsupported_reason(node: onnx.NodeProto, opset: int, used: set[str]) -> str | None:
-    """None when the importer handles ``node``; else why not ("" for an op type it lacks).
-
-    ``used`` holds every value name some node or graph output reads (optional outputs nobody
-    reads may be unsupported without harm)."""
-    if (node.domain, node.op_type) in DOMAIN_HANDLERS:
-        return None
-    if node.domain not in _DEFAULT_DOMAINS:
-        return "custom-domain ops are not supported"
-    if node.op_type not in HANDLERS:
-        return ""
-    if node.op_type in CHECKS:
-        return CHECKS[node.op_type](node, _attrs(node), opset, used) or None
-    return None
 
 
 def _first_line(e: Exception) -> str:
@@ -178,7 +167,6 @@ class _Importer:
 
     # -- driver -----------------------------------------------------------------------------
     def run(self) -> Module:
-        self._check_supported()
         inputs = _graph_inputs(self.graph)
         types = [TensorType(self.bound[i.name], onnx_dtype(i.type.tensor_type.elem_type)) for i in inputs]
         self.func = Function("main", types, [i.name for i in inputs])
@@ -199,31 +187,6 @@ class _Importer:
         except McpcError as e:
             raise ImporterBug(f"{self.label}: internal error: the imported IR does not verify: {e}") from None
         return self.module
-
-    def _check_supported(self) -> None:
-        used = {n for node in self.graph.node for n in node.input} | {o.name for o in self.graph.output}
-        problems = []
-        for vi, what in [(i, "input") for i in _graph_inputs(self.graph)] + [
-            (o, "output") for o in self.graph.output
-        ]:
-            elem = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
-            try:
-                onnx_dtype(elem)
-            except UnsupportedError as e:
-                problems.append(f"{what} '{vi.name}': {e}")
-        for index, node in enumerate(self.graph.node):
-            where = f"node '{node.name or f'{node.op_type}_{index}'}' (op_type {node.op_type}"
-            reason = unsupported_reason(node, self.opset, used)
-            if reason is None:
-                continue
-            if node.domain not in _DEFAULT_DOMAINS:
-                problems.append(f"{where}, domain {node.domain}): {reason}")
-            else:
-                problems.append(f"{where}, opset {self.opset})" + (f": {reason}" if reason else ""))
-        if problems:
-            raise UnsupportedError(
-                f"{self.label}: {len(problems)} unsupported item(s): " + "; ".join(problems)
-            )
 
     def _convert(self, node: onnx.NodeProto, index: int) -> None:
         self.node, self.loc = node, node.name or f"{node.op_type}_{index}"
@@ -386,14 +349,3 @@ class _Importer:
 
     def tensor(self, proto: onnx.TensorProto, what: str) -> np.ndarray:
         return self._tensor(proto, f"{self.where()}: {what}")
-
-
-def _attrs(node: onnx.NodeProto) -> dict:
-    out = {}
-    for a in node.attribute:
-        if a.type == onnx.AttributeProto.TENSOR:
-            out[a.name] = a.t  # converted by the handler (it knows the node for errors)
-            continue
-        v = onnx.helper.get_attribute_value(a)
-        out[a.name] = v.decode() if isinstance(v, bytes) else v
-    return out

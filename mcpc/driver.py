@@ -57,8 +57,9 @@ def load_model(path: str | Path, shapes: dict | None = None, dims: dict | None =
 
     ``shapes`` maps an input name to its full shape (``{"input_ids": (1, 128)}``), ``dims`` a
     symbolic dim name to a size everywhere (``{"seq": 128}``).  Raises InputError for a missing
-    or malformed file or unbound dims, UsageError for a bad binding, UnsupportedError naming every
-    unsupported node; with ``dram_bytes`` (a target's DRAM), DoesNotFit for inputs larger than it.
+    or malformed file or unbound dims, UsageError for a bad binding, UnsupportedError listing every
+    unsupported node at once (grouped by op type, opset and reason); with ``dram_bytes`` (a
+    target's DRAM), DoesNotFit for inputs larger than it.
     """
     path = Path(path)
     if not path.is_file():

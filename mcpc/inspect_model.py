@@ -2,8 +2,9 @@
 
 ``describe_model(path)`` reads the model (weights stay on disk: external data is not loaded) and
 returns a JSON-ready dict: inputs and outputs with dtypes and symbolic dims, the opset imports,
-an op histogram split into what the importer supports and what it does not (the importer's own
-tables and checks, ``mcpc.ir.onnx_import.unsupported_reason``), initializer bytes with a tensor
+an op histogram split into what the importer supports and what it does not, the refused nodes
+grouped by (domain, op type, opset, reason) with count and first node exactly as the importer's
+error lists them (``mcpc.ir.onnx_support.unsupported_groups``), initializer bytes with a tensor
 used by several nodes, or stored twice under one external-data location, counted once, and the
 ready-to-paste ``--dim`` line.  ``format_model`` renders it as text.
 """
@@ -87,8 +88,9 @@ def describe_model(path: str | Path) -> dict[str, Any]:
     """Everything ``inspect-model`` reports about the ONNX model at ``path`` (see the module doc)."""
     import onnx
 
-    from mcpc.ir.onnx_import import MAX_OPSET, MIN_OPSET, unsupported_reason
+    from mcpc.ir.onnx_import import MAX_OPSET, MIN_OPSET
     from mcpc.ir.onnx_shapes import _graph_inputs, dim_line, input_dims, may_be_empty
+    from mcpc.ir.onnx_support import domain_opsets, import_hints, unsupported_groups
 
     path = Path(path)
     proto = _load(path)
@@ -110,16 +112,11 @@ def describe_model(path: str | Path) -> dict[str, Any]:
         for name, where in dims.items()
     }
 
-    used = {n for node in graph.node for n in node.input} | {o.name for o in graph.output}
-    counts: Counter = Counter()
+    counts: Counter = Counter((node.domain or "ai.onnx", node.op_type) for node in graph.node)
+    groups = unsupported_groups(graph, domain_opsets(proto))
     unsupported: dict[tuple[str, str], list[str]] = {}
-    for index, node in enumerate(graph.node):
-        key = (node.domain or "ai.onnx", node.op_type)
-        counts[key] += 1
-        reason = unsupported_reason(node, default or 0, used) if default is not None else "no ai.onnx opset"
-        if reason is not None:
-            name = node.name or f"{node.op_type}_{index}"
-            unsupported.setdefault(key, []).append(f"{name}: {reason}" if reason else name)
+    for g in groups:
+        unsupported.setdefault((g["domain"], g["op_type"]), []).extend(g["nodes"])
     ops = [
         {
             "domain": domain,
@@ -160,6 +157,8 @@ def describe_model(path: str | Path) -> dict[str, Any]:
         "nodes": len(graph.node),
         "ops": ops,
         "unsupported_nodes": sum(len(v) for v in unsupported.values()),
+        "unsupported": [{k: v for k, v in g.items() if k != "nodes"} for g in groups],
+        "unsupported_hints": import_hints(groups),
         "initializers": {
             "count": len(graph.initializer),
             "bytes": stored,
@@ -177,6 +176,8 @@ def _shape_text(shape) -> str:
 
 def format_model(info: dict[str, Any]) -> str:
     """``describe_model``'s result as the text ``mcpc inspect-model`` prints."""
+    from mcpc.ir.onnx_support import group_text
+
     lines = [
         f"{info['model']}: graph '{info['graph']}'"
         + (f", made by {info['producer']}" if info["producer"] else "")
@@ -199,19 +200,20 @@ def format_model(info: dict[str, Any]) -> str:
         lines.append(f"bind them with: {info['dim_line']}")
     else:
         lines.append("symbolic dims: none (every input shape is fixed)")
-    n_unsup = info["unsupported_nodes"]
+    n_unsup, ops = info["unsupported_nodes"], info["ops"]
     lines.append(
         f"ops: {info['nodes']} nodes, {len(info['ops'])} op types; "
         + (f"{n_unsup} node(s) unsupported" if n_unsup else "all supported")
     )
-    for op in info["ops"]:
-        name = op["op_type"] if op["domain"] == "ai.onnx" else f"{op['domain']}.{op['op_type']}"
+    names = [o["op_type"] if o["domain"] == "ai.onnx" else f"{o['domain']}.{o['op_type']}" for o in ops]
+    width = max([28, *map(len, names)])
+    for name, op in zip(names, ops, strict=True):
         mark = "ok" if op["supported"] else f"UNSUPPORTED ({len(op['unsupported_nodes'])})"
-        lines.append(f"  {name:<28} {op['count']:>6}  {mark}")
-        for node in op["unsupported_nodes"][:5]:
-            lines.append(f"      {node}")
-        if len(op["unsupported_nodes"]) > 5:
-            lines.append(f"      ... and {len(op['unsupported_nodes']) - 5} more")
+        lines.append(f"  {name:<{width}} {op['count']:>6}  {mark}")
+        for g in info["unsupported"]:
+            if (g["domain"], g["op_type"]) == (op["domain"], op["op_type"]):
+                lines.append(f"      {group_text(g)}")
+    lines += [f"  {hint}" for hint in info["unsupported_hints"]]
     init = info["initializers"]
     lines.append(
         f"initializers: {init['count']} tensors, {init['bytes']} bytes ({init['bytes'] / 2**20:.2f} MiB)"

@@ -193,9 +193,52 @@ def test_inspect_model_json_counts_ops_support_and_weights_once(tmp_path):
     assert not ops["Det"]["supported"] and ops["Det"]["unsupported_nodes"] == ["det"]
     assert ops["MyOp"]["domain"] == "com.example" and not ops["MyOp"]["supported"]
     assert info["unsupported_nodes"] == 2
+    # the importer's groups, each saying why (the same ones `compile` refuses with, exit 4)
+    assert info["unsupported"] == [
+        {
+            "domain": "ai.onnx",
+            "op_type": "Det",
+            "opset": 17,
+            "reason": "not imported",
+            "count": 1,
+            "first_node": "det",
+        },
+        {
+            "domain": "com.example",
+            "op_type": "MyOp",
+            "opset": 1,
+            "reason": "domain com.example is not imported",
+            "count": 1,
+            "first_node": "custom",
+        },
+    ]
     assert info["initializers"] == {"count": 1, "bytes": 64, "bytes_listed": 64, "shared": 1}
     text = run(["inspect-model", model]).output
     assert "2 node(s) unsupported" in text and "UNSUPPORTED (1)" in text
+    assert "Det (ai.onnx opset 17), 1 node 'det': not imported" in text
+    assert "MyOp (com.example opset 1), 1 node 'custom': domain com.example is not imported" in text
+    assert "docs/onnx-ops.md lists every op mcpc imports" in text
+
+
+def test_compile_refuses_every_unsupported_op_in_one_paragraph_exit_4(tmp_path):
+    """Many unsupported nodes: one paragraph, grouped with count and first node, exit 4; what
+    inspect-model shows for the same model."""
+    nodes = [helper.make_node("Det", ["x"], [f"d{i}"], name=f"det{i}") for i in range(3)]
+    nodes.append(helper.make_node("MyOp", ["x"], ["y"], name="custom", domain="com.example"))
+    outs = [helper.make_tensor_value_info(f"d{i}", TensorProto.FLOAT, []) for i in range(3)]
+    outs.append(helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 4]))
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])], outs
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
+    model = tmp_path / "m.onnx"
+    model.write_bytes(helper.make_model(graph, opset_imports=opsets).SerializeToString())
+    msg = error_paragraph(run(["compile", model, "-o", tmp_path / "m.mcpb"]), 4)
+    groups = "Det (ai.onnx opset 17), 3 nodes, first 'det0': not imported; MyOp (com.example opset 1), 1 node"
+    assert f"4 nodes cannot be imported, in 2 groups: {groups} 'custom': domain com.example" in msg
+    assert "det1" not in msg and not (tmp_path / "m.mcpb").exists()
+    text = run(["inspect-model", model]).output
+    assert "Det (ai.onnx opset 17), 3 nodes, first 'det0': not imported" in text
 
 
 @pytest.mark.parametrize("content", [None, b"not a model at all"])
