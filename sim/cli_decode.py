@@ -191,6 +191,10 @@ def generate_command(
     else:
         prompts = [tok.encode(prompt_text).ids]
     dec = DecoderSession(program, prefix_sharing=not no_prefix_sharing)
+    console = Console(soft_wrap=True, highlight=False)
+    conv = dec.meta.convention
+    if conv and conv.get("line"):  # how the compile read the model's own I/O names
+        console.print(conv["line"])
     report = dec.generate_many(prompts, max_new_tokens)
     many = prompts_path is not None  # --prompts: one list per prompt, even for a file of one
     outs = report["generated_ids"] if len(prompts) > 1 else [report["generated_ids"]]
@@ -199,7 +203,6 @@ def generate_command(
     if tok is not None:
         texts = [tok.decode(ids) for ids in outs]
         report["generated_text"] = texts if many else texts[0]
-    console = Console(soft_wrap=True, highlight=False)
     for i, ids in enumerate(outs):
         label = f"prompt {i}" if many else "prompt"
         console.print(f"{label} ({len(prompts[i])} tokens) -> {' '.join(map(str, ids))}")
