@@ -151,3 +151,52 @@ def test_merged_decoder_builds_from_its_with_past_branch(tmp_path):
     from mcpc.ir.merged_decoder import merged_if
 
     assert merged_if(onnx.load(str(HERE / "llama-optimum.onnx"))) is None
+
+
+def _compile_and_check(model: Path, dims: dict[str, int], inputs: dict, tmp_path: Path, *extra: str) -> str:
+    from mcpc.cli import cli
+
+    prog = tmp_path / "p.mcpb"
+    args = [
+        model,
+        "-c",
+        "fp32.yaml",
+        "-o",
+        prog,
+        *(x for k, v in dims.items() for x in ("--dim", f"{k}={v}")),
+    ]
+    res = CliRunner().invoke(cli, ["compile", *map(str, args)])
+    assert res.exit_code == 0, res.output
+    np.savez(tmp_path / "in.npz", **inputs)
+    res = CliRunner().invoke(
+        cli, ["check", str(model), str(prog), "--inputs", str(tmp_path / "in.npz"), *extra]
+    )
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+def test_feature_extraction_encoder_matches_onnx_runtime(tmp_path):
+    """--task feature-extraction's BERT, right-padded, scored where the mask is 1."""
+    rng = np.random.default_rng(0)
+    mask = np.ones((2, 8), np.int64)
+    mask[1, 5:] = 0
+    inputs = {"input_ids": rng.integers(0, 512, (2, 8)), "attention_mask": mask,
+              "token_type_ids": np.zeros((2, 8), np.int64)}  # fmt: skip
+    out = _compile_and_check(HERE / "bert-optimum.onnx", {"batch_size": 2, "sequence_length": 8}, inputs,
+                             tmp_path, "--mask", "attention_mask")  # fmt: skip
+    assert "last_hidden_state" in out
+
+
+@pytest.mark.slow
+def test_prefill_with_an_empty_past_matches_onnx_runtime(tmp_path):
+    rec = RECORD["llama-optimum.onnx"]
+    n = len(rec["prompt11"])
+    inputs = {"input_ids": np.array([rec["prompt11"]]), "attention_mask": np.ones((1, n), np.int64),
+              "position_ids": np.arange(n)[None]}  # fmt: skip
+    inputs |= {
+        f"past_key_values.{i}.{k}": np.zeros((1, 2, 0, 16), np.float32)
+        for i in range(2)
+        for k in ("key", "value")
+    }
+    dims = {"batch_size": 1, "sequence_length": n, "past_sequence_length": 0}
+    assert "logits" in _compile_and_check(HERE / "llama-optimum.onnx", dims, inputs, tmp_path)
