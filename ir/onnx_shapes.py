@@ -126,21 +126,33 @@ def derive_dims(found, learned: dict[str, int], usage) -> None:
             names = expression_names(tree)
             unknown = [n for n in names if n not in learned]
             if not unknown:
-                value = _evaluate(tree, learned)
+                try:
+                    value = _evaluate(tree, learned)
+                except ZeroDivisionError:
+                    raise usage(f"dim '{param}' divides by 0 with {_given(names, learned)}") from None
+                if value < 0:
+                    raise usage(f"dim '{param}' is {value} < 0 with {_given(names, learned)}")
                 if param not in learned:
                     learned[param] = value
                     changed = True
                 elif learned[param] != value:
-                    given = ", ".join(f"{n}={learned[n]}" for n in names)
                     raise usage(
-                        f"--dim '{param}={learned[param]}' disagrees with {given}, which give {value}"
+                        f"--dim '{param}={learned[param]}' disagrees with {_given(names, learned)}, "
+                        f"which give {value}"
                     )
             elif len(unknown) == 1 and param in learned:
                 (u,) = unknown
-                f = [_evaluate(tree, {**learned, u: x}) for x in (0, 1, 2)]
+                try:
+                    f = [_evaluate(tree, {**learned, u: x}) for x in (0, 1, 2)]
+                except ZeroDivisionError:
+                    continue
                 if f[1] - f[0] == 1 and f[2] - f[1] == 1 and learned[param] - f[0] >= 0:
                     learned[u] = learned[param] - f[0]
                     changed = True
+
+
+def _given(names, learned: dict[str, int]) -> str:
+    return ", ".join(f"{n}={learned[n]}" for n in names)
 
 
 def _model_dims(graph: onnx.GraphProto) -> str:

@@ -102,6 +102,17 @@ def test_an_expression_bound_against_its_names_is_a_usage_error():
         import_onnx(mask_model(), dims=dims)
 
 
+def test_an_expression_giving_no_size_is_a_usage_error():
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("a", ["n", "m"]), vi("x", ["n - m"])],
+                       [vi("y", ["n - m"])])  # fmt: skip
+    with pytest.raises(UsageError, match=r"dim 'n - m' is -1 < 0 with n=2, m=3"):
+        import_onnx(model, dims={"n": 2, "m": 3})
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("a", ["n", "m"]), vi("x", ["n // m"])],
+                       [vi("y", ["n // m"])])  # fmt: skip
+    with pytest.raises(UsageError, match=r"dim 'n // m' divides by 0 with n=2, m=0"):
+        import_onnx(model, dims={"n": 2, "m": 0})
+
+
 def test_unbound_names_are_asked_for_and_the_expression_said_to_follow():
     with pytest.raises(InputError) as e:
         import_onnx(mask_model(), dims={"batch_size": 1})
@@ -122,6 +133,10 @@ def test_exporter_families_by_structure():
     fused.graph.node.append(helper.make_node("FastGelu", ["y"], ["z"], domain="com.microsoft"))
     assert exporter_family(fused) == {"family": "ONNX Runtime transformers optimizer",
                                       "evidence": "fused com.microsoft ops FastGelu"}  # fmt: skip
+    gqa = make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", ["batch_size", "sequence_length"])],
+                     [vi("y", ["batch_size", "sequence_length"])])  # fmt: skip
+    gqa.graph.node.append(helper.make_node("GroupQueryAttention", ["y"], ["z"], domain="com.microsoft"))
+    assert exporter_family(gqa)["family"] == "ONNX Runtime GenAI model builder"  # before Optimum's dims
     plain = make_model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2])], [vi("y", [2])])
     assert exporter_family(plain)["family"] == "unknown"
     # a family plugs in with one call, tried in its order
