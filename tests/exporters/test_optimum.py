@@ -131,6 +131,13 @@ def test_a_refused_extent_is_listed_with_its_cost(tmp_path, monkeypatch):
     args = [HERE / "llama-optimum.onnx", "-c", "fp32.yaml", "--max-seq", 64, "-o", tmp_path / "p.mcpb"]
     res = CliRunner().invoke(compile_command, [str(a) for a in args])
     assert res.exit_code == 0, res.output
+    np.save(tmp_path / "ids.npy", np.array([1, 2, 3], np.int64))
+    gen = CliRunner().invoke(sim_group, ["generate", str(tmp_path / "p.mcpb"), "--prompt-ids",
+                                         str(tmp_path / "ids.npy"), "--max-new-tokens", "2"])  # fmt: skip
+    assert gen.exit_code == 0, gen.output
+    note = gen.output.splitlines()[1]
+    assert note.startswith("note: the prefill runs every call at its full chunk (row extents refused: ")
+    assert note.endswith("(ONNX node '/model/rotary_emb/MatMul'): an example)")
     assert ("refused: run-time row extents of the prefill entry: mcp.matmul (ONNX node "
             "'/model/rotary_emb/MatMul'): an example; cost: every prefill call computes all 64 token "
             "rows of its capacity") in res.output  # fmt: skip
