@@ -180,9 +180,16 @@ def may_be_empty(graph: onnx.GraphProto, name: str, axis: int, rank: int) -> boo
     ids, a matmul) would compute on an empty tensor, which no real run does.
     """
     consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for i in node.input:
-            consumers.setdefault(i, []).append(node)
+
+    def collect(g: onnx.GraphProto) -> None:  # subgraphs (If, Loop) read outer names too
+        for node in g.node:
+            for i in node.input:
+                consumers.setdefault(i, []).append(node)
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    collect(a.g)
+
+    collect(graph)
     todo, seen = [name], set()
     while todo:
         current = todo.pop()

@@ -147,3 +147,16 @@ def test_exporter_families_by_structure():
         from mcpc.ir import exporter_family as ef
 
         ef._FAMILIES[:] = [f for f in ef._FAMILIES if f[1] != "test family"]
+
+
+def test_inputs_read_inside_a_subgraph_are_not_taken_for_empty():
+    """A merged decoder reads its inputs inside its If's branches only: those reads count."""
+    from pathlib import Path
+
+    import onnx
+
+    from mcpc.ir.onnx_shapes import may_be_empty
+
+    merged = onnx.load(str(Path(__file__).parents[1] / "exporters" / "optimum" / "llama-optimum-merged.onnx"))
+    assert not may_be_empty(merged.graph, "input_ids", 0, 2)
+    assert may_be_empty(merged.graph, "past_key_values.0.key", 2, 4)  # concatenated in both branches
