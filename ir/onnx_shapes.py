@@ -10,7 +10,9 @@ re-exports these names.
 
 from __future__ import annotations
 
+import ast
 import math
+import shlex
 
 import onnx
 
@@ -37,9 +39,120 @@ def input_dims(graph: onnx.GraphProto) -> dict[str, list[tuple[str, int]]]:
 
 
 def dim_line(names, known: dict[str, int] | None = None) -> str:
-    """The ready-to-paste ``--dim a=N --dim b=N`` for ``names`` (a bound size where ``known`` has one)."""
+    """The ready-to-paste ``--dim a=N --dim b=N`` for ``names`` (a bound size where ``known`` has
+    one), each argument quoted for a POSIX shell where it needs it (a name with spaces or shell
+    characters: ``--dim 'a + b=N'``)."""
     known = known or {}
-    return " ".join(f"--dim {n}={known.get(n, 'N')}" for n in names)
+    return " ".join("--dim " + shlex.quote(f"{n}={known.get(n, 'N')}") for n in names)
+
+
+# -- dims named by an expression --------------------------------------------------------------
+# Exporters name a dim computed from others by its expression: Optimum's attention_mask is
+# [batch_size, "past_sequence_length + sequence_length"], the dynamo exporter's outputs "s0 + s70".
+# Such a dim is derived from the names it reads once they are bound, not asked for.
+
+_EXPR_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+             ast.FloorDiv: lambda a, b: a // b}  # fmt: skip
+
+
+def dim_expression(param: str) -> ast.expr | None:
+    """The parsed expression of a dim param that is one (names and integers joined by ``+ - *
+    //``, parentheses, unary minus), None for a plain name or anything else (an opaque symbol)."""
+    try:
+        tree = ast.parse(param.strip(), mode="eval").body
+    except (SyntaxError, ValueError):
+        return None
+    return tree if not isinstance(tree, ast.Name) and _arithmetic(tree) else None
+
+
+def _arithmetic(node: ast.expr) -> bool:
+    if isinstance(node, ast.Name):
+        return True
+    if isinstance(node, ast.Constant):
+        return type(node.value) is int
+    if isinstance(node, ast.UnaryOp):
+        return isinstance(node.op, ast.USub) and _arithmetic(node.operand)
+    if isinstance(node, ast.BinOp):
+        return type(node.op) in _EXPR_OPS and _arithmetic(node.left) and _arithmetic(node.right)
+    return False
+
+
+def expression_names(tree: ast.expr) -> list[str]:
+    """The names an expression reads, in order of first appearance."""
+    return list(dict.fromkeys(n.id for n in ast.walk(tree) if isinstance(n, ast.Name)))
+
+
+def _evaluate(tree: ast.expr, values: dict[str, int]) -> int:
+    if isinstance(tree, ast.Constant):
+        return int(tree.value)
+    if isinstance(tree, ast.Name):
+        return values[tree.id]
+    if isinstance(tree, ast.UnaryOp):
+        return -_evaluate(tree.operand, values)
+    return _EXPR_OPS[type(tree.op)](_evaluate(tree.left, values), _evaluate(tree.right, values))
+
+
+def binding_names(found: dict[str, list[tuple[str, int]]]) -> list[str]:
+    """The dims a user binds, given ``input_dims``: every plain name, and in place of a dim named
+    by an expression the names it reads (the expression itself is derived from them)."""
+    names: list[str] = []
+    for param in found:
+        tree = dim_expression(param)
+        for n in expression_names(tree) if tree is not None else [param]:
+            if n not in names:
+                names.append(n)
+    return names
+
+
+def _canonical(name: str, params) -> str:
+    """``name`` as the model spells it: a binding of an expression is matched whitespace aside
+    (``--dim past_sequence_length+sequence_length=5``)."""
+    if name in params:
+        return name
+    squeezed = "".join(name.split())
+    return next((p for p in params if "".join(p.split()) == squeezed), name)
+
+
+def derive_dims(found, learned: dict[str, int], usage) -> None:
+    """Bind in ``learned`` (in place) each dim named by an expression of bound names, and a single
+    unbound name of an expression bound itself when the name enters it with coefficient 1 (``a + b``
+    bound with ``b``: a = value − b).  ``usage(text)`` makes the UsageError of an expression bound
+    to another value than its names give."""
+    exprs = {p: t for p in found if (t := dim_expression(p)) is not None}
+    changed = True
+    while changed:
+        changed = False
+        for param, tree in exprs.items():
+            names = expression_names(tree)
+            unknown = [n for n in names if n not in learned]
+            if not unknown:
+                try:
+                    value = _evaluate(tree, learned)
+                except ZeroDivisionError:
+                    raise usage(f"dim '{param}' divides by 0 with {_given(names, learned)}") from None
+                if value < 0:
+                    raise usage(f"dim '{param}' is {value} < 0 with {_given(names, learned)}")
+                if param not in learned:
+                    learned[param] = value
+                    changed = True
+                elif learned[param] != value:
+                    raise usage(
+                        f"--dim '{param}={learned[param]}' disagrees with {_given(names, learned)}, "
+                        f"which give {value}"
+                    )
+            elif len(unknown) == 1 and param in learned:
+                (u,) = unknown
+                try:
+                    f = [_evaluate(tree, {**learned, u: x}) for x in (0, 1, 2)]
+                except ZeroDivisionError:
+                    continue
+                if f[1] - f[0] == 1 and f[2] - f[1] == 1 and learned[param] - f[0] >= 0:
+                    learned[u] = learned[param] - f[0]
+                    changed = True
+
+
+def _given(names, learned: dict[str, int]) -> str:
+    return ", ".join(f"{n}={learned[n]}" for n in names)
 
 
 def _model_dims(graph: onnx.GraphProto) -> str:
@@ -48,7 +161,10 @@ def _model_dims(graph: onnx.GraphProto) -> str:
     if not found:
         return "the model's inputs have no symbolic dims"
     uses = "; ".join(f"{n} ({', '.join(f'{i} dim {a}' for i, a in where)})" for n, where in found.items())
-    return f"the model's symbolic dims: {uses}"
+    text = f"the model's symbolic dims: {uses}"
+    if any(dim_expression(p) is not None for p in found):
+        text += f" (a dim named by an expression is derived: bind {dim_line(binding_names(found))})"
+    return text
 
 
 _SHAPE_ONLY = ("Shape", "Size")  # read an input's shape, never its elements
@@ -64,9 +180,16 @@ def may_be_empty(graph: onnx.GraphProto, name: str, axis: int, rank: int) -> boo
     ids, a matmul) would compute on an empty tensor, which no real run does.
     """
     consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for i in node.input:
-            consumers.setdefault(i, []).append(node)
+
+    def collect(g: onnx.GraphProto) -> None:  # subgraphs (If, Loop) read outer names too
+        for node in g.node:
+            for i in node.input:
+                consumers.setdefault(i, []).append(node)
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    collect(a.g)
+
+    collect(graph)
     todo, seen = [name], set()
     while todo:
         current = todo.pop()
@@ -110,8 +233,10 @@ def bind_input_shapes(
     def usage(text: str) -> UsageError:
         return UsageError(f"{label}: {text}; {_model_dims(graph)}")
 
+    bindable = set(known) | set(binding_names(known))
+    dims = {_canonical(name, known): value for name, value in dims.items()}
     for name, value in dims.items():
-        if name not in known:
+        if name not in bindable:
             raise usage(f"--dim {name}={value}: the model has no input dim named '{name}'")
         if int(value) < 0:
             raise usage(f"--dim {name}={value}: a size must be >= 0")
@@ -140,6 +265,7 @@ def bind_input_shapes(
                             f"dim '{d.dim_param}' is bound to both {learned[d.dim_param]} and {w} "
                             f"(input '{inp.name}', dim {pos})"
                         )
+    derive_dims(known, learned, usage)
     bound: dict[str, tuple[int, ...]] = {}
     unnamed: list[str] = []  # inputs with an unknown rank or an unnamed symbolic dim, and how to bind
     for inp in inputs:
@@ -171,12 +297,17 @@ def bind_input_shapes(
     if missing or unnamed:
         parts = []
         if missing:
+            ask = [n for n in binding_names(missing) if n not in learned]
             uses = "; ".join(
-                f"'{n}' ({', '.join(f'input {i!r} dim {a}' for i, a in w)})" for n, w in missing.items()
+                f"'{n}' ({', '.join(f'input {i!r} dim {a}' for i, a in known.get(n, []))})"
+                if known.get(n)
+                else f"'{n}'"
+                for n in ask
             )
-            parts.append(
-                f"{len(missing)} symbolic dim(s) are unbound: {uses}; bind them with {dim_line(missing)}"
-            )
+            parts.append(f"{len(ask)} symbolic dim(s) are unbound: {uses}; bind them with {dim_line(ask)}")
+            derived = [f"'{n}'" for n in missing if dim_expression(n) is not None]
+            if derived:
+                parts[-1] += f" ({', '.join(derived)} follow from them)"
             first = next(i for i in inputs if i.name == next(iter(missing.values()))[0][0])
             if all(i == first.name for w in missing.values() for i, _ in w):  # one input holds them all
                 hint = (

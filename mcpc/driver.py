@@ -269,6 +269,10 @@ def compile(  # noqa: A001 - the public API name (mcpc.compile) is part of the s
         from mcpc.backend import compile_report
 
         report["program"] = compile_report(program)
+        if built is not None:  # optimisations refused for the pattern of an export, and their cost
+            from mcpc.backend.row_extent import refused_optimisations
+
+            report["refused"] = refused_optimisations(program.meta.get("decoder"))
     return CompileResult(module, program, text, output, report, pm, ctx.notes)
 
 

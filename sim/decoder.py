@@ -62,6 +62,7 @@ class DecoderMeta:
     heat: dict | None = None  # the attention heat global the program writes (docs/decoding.md)
     kv_pool: dict | None = None  # a compressing build's pool and descriptor table (mcpc.kv.pool)
     prefill_rows: str | None = None  # the host register of a prefill's token rows in use
+    convention: dict | None = None  # the model's I/O convention the compile found (ir/exporter_family.py)
 
     def call_registers(self, entry: str, used: int, rows: Sequence[int]) -> dict[str, int]:
         """The host registers of one call: ``kv_blocks`` = ``used``, and for ``prefill`` (when the
@@ -102,6 +103,7 @@ class DecoderMeta:
                 heat=meta.get("heat"),
                 kv_pool=meta.get("kv_pool"),
                 prefill_rows=meta.get("prefill_rows"),
+                convention=meta.get("convention"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(
