@@ -114,7 +114,7 @@ def test_unsupported_nodes_are_all_listed():
         helper.make_node("Relu", ["x"], ["a"], name="ok"),
         helper.make_node("NonZero", ["a"], ["nz"], name="nonzero_1"),
         helper.make_node("Hardmax", ["a"], ["v"], name="hardmax_1"),
-        helper.make_node("FusedMatMul", ["a", "a"], ["fm"], name="ms_1", domain="com.microsoft"),
+        helper.make_node("CDist", ["a", "a"], ["fm"], name="ms_1", domain="com.microsoft"),
         helper.make_node("Gelu", ["a"], ["g"], name="gelu_bad", approximate="erf"),
     ]
     graph = helper.make_graph(
@@ -131,7 +131,7 @@ def test_unsupported_nodes_are_all_listed():
     msg = str(e.value)
     assert "node 'nonzero_1' (op_type NonZero, opset 20)" in msg
     assert "node 'hardmax_1' (op_type Hardmax, opset 20)" in msg
-    assert "node 'ms_1' (op_type FusedMatMul, domain com.microsoft" in msg
+    assert "node 'ms_1' (op_type CDist, domain com.microsoft" in msg
     assert "node 'gelu_bad' (op_type Gelu, opset 20): approximate='erf'" in msg
     assert "'ok'" not in msg
 
