@@ -1,0 +1,177 @@
+"""Fixtures of ``onnxruntime.transformers.optimizer``: graphs with ONNX Runtime's fused
+``com.microsoft`` ops, written beside this script with a README recording versions and op types.
+
+Run with the optimum exporter venv (torch, transformers 4.57.6 and onnxruntime; the optimizer
+imports torch):
+
+    $(tests/exporters/venv.sh optimum) tests/exporters/ortfused/make_fixtures.py
+    $(tests/exporters/venv.sh optimum) tests/exporters/ortfused/make_fixtures.py --model M.onnx \\
+        --out CACHE/M-fused.onnx --num-heads 12 --hidden-size 384     # any BERT, outside git
+
+Committed fixtures (small, random weights, seed 2026, nothing downloaded):
+
+* ``bert-fused-maskindex.onnx``: a 2-layer BERT (``transformers.BertModel``, hidden 64, 4 heads,
+  vocab 512, eager attention) exported by TorchScript (opset 17, dims ``batch``/``seq``), then
+  ``optimizer --model_type bert --num_heads 4 --hidden_size 64``: EmbedLayerNormalization (its
+  1-D ``mask_index`` feeds every Attention), Attention, SkipLayerNormalization, BiasGelu.
+* ``bert-fused-rawmask-fastgelu.onnx``: the same export with ``--use_raw_attention_mask
+  --enable_gelu_approximation``: Attention reads the 2-D int32 mask, FastGelu replaces BiasGelu.
+* ``gpt2-fused.onnx``: ``tests/llm/decoders/gpt2-with-past.onnx`` (a random GPT-2 with past,
+  transformers 5.24 TorchScript export) through ``--model_type gpt2``: SkipLayerNormalization with
+  its ``input_skip_bias_sum`` output, and FastGelu.  The optimizer fuses no Attention in this
+  export (its GPT-2 attention patterns are those of older transformers), and ONNX Runtime's own
+  GPT-2 exporter (``onnxruntime.transformers.models.gpt2.convert_to_onnx``), which would write
+  Attention with ``past``/``present``, fails on torch 2.13 / transformers 4.57.6 while tracing
+  (``RuntimeError: unordered_map::at``); Attention with past is covered by the op's conformance
+  test against ONNX Runtime instead (``tests/ir/test_onnx_contrib.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+SEED = 2026
+BERT = dict(
+    vocab_size=512,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=128,
+    max_position_embeddings=64,
+    type_vocab_size=2,
+)
+BERT_VARIANTS = {
+    "bert-fused-maskindex.onnx": [],
+    "bert-fused-rawmask-fastgelu.onnx": ["--use_raw_attention_mask", "--enable_gelu_approximation"],
+}
+
+
+def optimize(src: Path, dst: Path, model_type: str, heads: int, hidden: int, extra=()) -> None:
+    """``python -m onnxruntime.transformers.optimizer`` as a user runs it (CPU, default opt level)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "onnxruntime.transformers.optimizer",
+        "--input",
+        str(src),
+        "--output",
+        str(dst),
+    ]
+    cmd += ["--model_type", model_type, "--num_heads", str(heads), "--hidden_size", str(hidden), *extra]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"optimizer failed on {src}:\n{done.stderr[-3000:]}")
+
+
+def export_bert(path: Path) -> None:
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(SEED)
+    cfg = BertConfig(**BERT)
+    cfg._attn_implementation = "eager"
+    model = BertModel(cfg).eval()
+    ids = torch.randint(0, BERT["vocab_size"], (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.int64)
+    types = torch.zeros(2, 8, dtype=torch.int64)
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    axes = {k: {0: "batch", 1: "seq"} for k in [*names, "last_hidden_state"]}
+    torch.onnx.export(
+        model,
+        (ids, mask, types),
+        str(path),
+        input_names=names,
+        output_names=["last_hidden_state", "pooler_output"],
+        dynamic_axes={**axes, "pooler_output": {0: "batch"}},
+        opset_version=17,
+        dynamo=False,
+    )
+
+
+def op_types(path: Path) -> str:
+    import onnx
+
+    model = onnx.load(str(path))
+    counts = collections.Counter(
+        n.op_type if n.domain in ("", "ai.onnx") else f"{n.op_type} ({n.domain})" for n in model.graph.node
+    )
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+
+
+def inputs_of(path: Path) -> str:
+    import onnx
+
+    model = onnx.load(str(path))
+    inits = {t.name for t in model.graph.initializer}
+    parts = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        dims = [d.dim_param or str(d.dim_value) for d in vi.type.tensor_type.shape.dim]
+        parts.append(f"{vi.name} [{', '.join(dims)}]")
+    return ", ".join(parts)
+
+
+def write_readme(files: list[Path]) -> None:
+    import onnx
+    import onnxruntime
+    import torch
+    import transformers
+
+    lines = [
+        "# ONNX Runtime optimizer fixtures (generated — do not edit)",
+        "",
+        "Written by `tests/exporters/ortfused/make_fixtures.py` (see its docstring) with",
+        f"onnxruntime {onnxruntime.__version__} (`onnxruntime.transformers.optimizer`), "
+        f"torch {torch.__version__}, transformers {transformers.__version__}, onnx {onnx.__version__} "
+        f"(Python {platform.python_version()}); seed {SEED}.",
+        "Reproduce with `$(tests/exporters/venv.sh optimum) tests/exporters/ortfused/make_fixtures.py`.",
+        "",
+        "| file | KiB | inputs (dims) | op types (count) |",
+        "|---|---|---|---|",
+    ]
+    for f in files:
+        kib = f.stat().st_size // 1024
+        lines.append(f"| `{f.name}` | {kib} | {inputs_of(f)} | {op_types(f)} |")
+    (HERE / "README.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, help="optimize this BERT-style model instead (outside git)")
+    ap.add_argument("--out", type=Path, help="with --model: where to write the fused model")
+    ap.add_argument("--num-heads", type=int, default=12)
+    ap.add_argument("--hidden-size", type=int, default=384)
+    args = ap.parse_args()
+    if args.model:
+        if not args.out:
+            ap.error("--model needs --out")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        optimize(args.model, args.out, "bert", args.num_heads, args.hidden_size)
+        print(f"wrote {args.out}: {op_types(args.out)}")
+        return
+    files = []
+    with tempfile.TemporaryDirectory() as tmp:
+        exported = Path(tmp) / "bert.onnx"
+        export_bert(exported)
+        for name, extra in BERT_VARIANTS.items():
+            optimize(exported, HERE / name, "bert", BERT["num_attention_heads"], BERT["hidden_size"], extra)
+            files.append(HERE / name)
+    gpt2 = HERE / "gpt2-fused.onnx"
+    optimize(ROOT / "tests/llm/decoders/gpt2-with-past.onnx", gpt2, "gpt2", 0, 0)
+    files.append(gpt2)
+    write_readme(files)
+    for f in files:
+        print(f"wrote {f.relative_to(ROOT)}: {op_types(f)}")
+
+
+if __name__ == "__main__":
+    main()

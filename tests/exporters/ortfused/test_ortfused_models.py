@@ -1,0 +1,128 @@
+"""Models after ``onnxruntime.transformers.optimizer`` (the fixtures beside this file, see README.md)
+compile and agree with ONNX Runtime: the fused BERTs with ``--dim batch=N --dim seq=M`` pass
+``mcpc check --mask attention_mask`` on right-padded batches, the fused GPT-2 compiles with fixed
+dims (a prefill over a past) and its logits and presents match.  The slow test puts the MiniLM-L3
+export of the ``models`` extra through the optimizer (in the optimum exporter venv) the same way."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from conftest import _ort_run, norm_max_err
+
+import mcpc
+from mcpc.cli import cli
+from mcpc.ir.interpreter import interpret
+from mcpc.ir.onnx_import import import_onnx
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+from e2e_util import compile_and_run  # noqa: E402
+
+BERTS = ["bert-fused-maskindex.onnx", "bert-fused-rawmask-fastgelu.onnx"]
+
+
+def padded_batch(vocab: int, lengths: list[int], seq: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Right-padded token ids (pad id 0) with their 0/1 attention mask and zero token types."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, vocab, (len(lengths), seq)).astype(np.int64)
+    mask = (np.arange(seq)[None, :] < np.array(lengths)[:, None]).astype(np.int64)
+    return {"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+
+
+def _fused_ops(path: Path) -> set[str]:
+    return {n.op_type for n in onnx.load(str(path)).graph.node if n.domain == "com.microsoft"}
+
+
+@pytest.mark.parametrize("name", BERTS)
+def test_fused_bert_imports_and_matches_onnxruntime(name):
+    path = HERE / name
+    assert {"Attention", "EmbedLayerNormalization", "SkipLayerNormalization"} <= _fused_ops(path)
+    feeds = padded_batch(512, [8, 5, 1], 8)
+    got = interpret(import_onnx(path, dims={"batch": 3, "seq": 8}), feeds)
+    ref = _ort_run(onnx.load(str(path)), feeds)
+    for out, r in ref.items():
+        assert norm_max_err(got[out], r) <= 1e-5, out
+    # the padding is really masked: another padding of the same real tokens changes no real row
+    longer = padded_batch(512, [8, 5, 1], 8)
+    longer["input_ids"][1, 5:] = 7
+    moved = interpret(import_onnx(path, dims={"batch": 3, "seq": 8}), longer)["last_hidden_state"]
+    assert norm_max_err(moved[1, :5], got["last_hidden_state"][1, :5]) <= 1e-5
+
+
+@pytest.mark.parametrize("name", BERTS)
+def test_fused_bert_compiles_and_passes_check_with_the_mask(name, tmp_path):
+    path, prog, inputs = HERE / name, tmp_path / "p.mcpb", tmp_path / "in.npz"
+    np.savez(inputs, **padded_batch(512, [12, 9, 3, 1], 12, seed=1))
+    mcpc.compile(path, qat_config="fp32.yaml", output=prog, dims={"batch": 4, "seq": 12})
+    args = ["check", str(path), str(prog), "--inputs", str(inputs), "--mask", "attention_mask"]
+    result = CliRunner().invoke(cli, [*args, "--json", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["passed"] and report["mask"] == "attention_mask"
+    worst = max(o["norm_max_err"] for o in report["outputs"])
+    assert worst <= 1e-5, report["outputs"]
+
+
+def test_fused_gpt2_prefill_over_a_past_compiles_and_matches_onnxruntime(tmp_path):
+    path = HERE / "gpt2-fused.onnx"
+    assert {"SkipLayerNormalization", "FastGelu"} <= _fused_ops(path)
+    batch, seq, past = 2, 5, 3
+    rng = np.random.default_rng(3)
+    feeds = {
+        "input_ids": rng.integers(0, 256, (batch, seq)).astype(np.int64),
+        "attention_mask": np.ones((batch, past + seq), np.int64),
+        "position_ids": np.tile(np.arange(past, past + seq), (batch, 1)).astype(np.int64),
+    }
+    for i in range(2):
+        for kv in ("key", "value"):
+            feeds[f"past_key_values.{i}.{kv}"] = rng.standard_normal((batch, 4, past, 16)).astype(np.float32)
+    dims = {"batch": batch, "seq": seq, "past_seq": past, "total_seq": past + seq}
+    model = onnx.load(str(path))
+    sim, _, ref, _ = compile_and_run(tmp_path, model, feeds, dims=dims)
+    for out, r in ref.items():
+        assert norm_max_err(sim[out], r) <= 1e-5, out
+    # the optimizer kept the model's meaning: the unfused export agrees with the fused one
+    plain = _ort_run(onnx.load(str(ROOT / "tests/llm/decoders/gpt2-with-past.onnx")), feeds)
+    assert norm_max_err(ref["logits"], plain["logits"]) <= 1e-5
+
+
+def _exporter_python() -> str | None:
+    """The optimum exporter venv's python when it already exists (never made from a test)."""
+    root = Path(os.environ.get("MCPC_EXPORTER_VENVS", Path.home() / ".cache" / "mcpc" / "venvs"))
+    py = root / "optimum" / "bin" / "python"
+    return str(py) if py.is_file() else None
+
+
+@pytest.mark.slow
+def test_optimizer_fused_minilm_l3_passes_check(tmp_path):
+    from conftest import require_extra
+
+    require_extra("onnxruntime", "models")
+    sys.path.insert(0, str(ROOT / "tests" / "real_models"))
+    from real_model import MINILM
+
+    py = _exporter_python()
+    if py is None:
+        pytest.fail("the optimum exporter venv is missing: run tests/exporters/venv.sh optimum")
+    fused = tmp_path / "minilm-fused.onnx"
+    script = HERE / "make_fixtures.py"
+    subprocess.run([py, str(script), "--model", str(MINILM.path()), "--out", str(fused)], check=True)
+    assert {"Attention", "EmbedLayerNormalization", "SkipLayerNormalization", "BiasGelu"} <= _fused_ops(fused)
+    prog, inputs = tmp_path / "p.mcpb", tmp_path / "in.npz"
+    np.savez(
+        inputs, **{k: v for k, v in padded_batch(30000, [16, 11, 5, 1], 16).items() if k != "token_type_ids"}
+    )
+    mcpc.compile(fused, qat_config="fp32.yaml", output=prog, dims={"batch_size": 4, "sequence_length": 16})
+    args = ["check", str(fused), str(prog), "--inputs", str(inputs), "--mask", "attention_mask"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
