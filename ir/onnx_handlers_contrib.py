@@ -17,6 +17,11 @@ Semantics are ONNX Runtime's CPU kernels (``docs/ContribOperators.md`` and
   (the CPU kernel reads the first B values as end positions), 2-D [B, T] and 3-D [B, S, T] raw masks
   (a value ``> 0`` keeps the key).  Refused, naming the node: a 4-D mask (the CPU kernel refuses
   it), ``do_rotary``, ``past_present_share_buffer``, ``past_sequence_length``.
+* ``MultiHeadAttention`` (``--use_multi_head_attention``): the same core with separate query, key
+  and value ([B, L, D], or [B, N, L, H] already split into heads), one packed ``bias`` added after
+  the projections, ``key_padding_mask`` in the mask forms above, ``past_key``/``past_value``
+  [B, N, P, H] giving ``present_key``/``present_value``; packed QKV/KV inputs,
+  ``past_sequence_length``, ``cache_indirection`` and the ``qk`` output refused.
 * ``EmbedLayerNormalization``: word + position (+ segment) embeddings, then layer norm; position
   ids default to 0..S−1; outputs ``mask_index`` (per batch row, the count of mask values equal
   to 1; zeros without a mask) and ``embedding_sum`` (the three embeddings' sum before the norm).
@@ -143,7 +148,6 @@ def _ms_attention(ctx, ins):
     if any(s % heads for s in sizes):
         raise ctx.unsupported(f"qkv_hidden_sizes {sizes} are not multiples of num_heads={heads}")
     batch, seq = xs[0], xs[1]
-    dt = ctx.dtype(x)
     qkv = ctx.emit(ops.MatMulOp, [x, w])
     if bias is not None:
         qkv = ctx.emit(ops.AddOp, [qkv, bias])
@@ -174,13 +178,22 @@ def _ms_attention(ctx, ins):
         present = ctx.emit(
             ops.ConcatOp, [_reshape(ctx, k, kv_shape), _reshape(ctx, v, kv_shape)], {"axis": 0}
         )
-    total = past_len + seq
-    scale = float(ctx.attr("scale", 0.0)) or 1.0 / math.sqrt(sizes[0] // heads)
+    out = _attend(ctx, q, k, v, mask, attn_bias, past_len, sizes[0] // heads)
+    return [out] if present is None else [out, present]
+
+
+def _attend(ctx, q, k, v, mask, attn_bias, past_len: int, head_size: int):
+    """The CPU kernels' shared core (``AttentionCPUBase::ApplyAttention``): q [B, N, S, H], k and v
+    [B, N, T, H] (past already in front), ``softmax(Q·Kᵀ·scale + (attention_bias + mask))·V``
+    as [B, S, N·Hv]."""
+    batch, heads, seq, _ = ctx.shape(q)
+    total = ctx.shape(k)[2]
+    scale = float(ctx.attr("scale", 0.0)) or 1.0 / math.sqrt(head_size)
     scores = ctx.emit(ops.MatMulOp, [q, k], {"trans_b": True})
     scores = ctx.emit(ops.MulOp, [scores, _scalar(ctx, scale, scores)])
     causal = bool(ctx.attr("unidirectional", 0)) and seq > 1
     filt = float(ctx.attr("mask_filter_value", -10000.0))
-    add = _mask_bias(ctx, mask, batch, seq, past_len, total, filt, causal, dt)
+    add = _mask_bias(ctx, mask, batch, seq, past_len, total, filt, causal, ctx.dtype(q))
     if attn_bias is not None:  # the kernel starts from attention_bias and adds the mask to it
         ab = ctx.shape(attn_bias)
         if (
@@ -195,8 +208,55 @@ def _ms_attention(ctx, ins):
         scores = ctx.emit(ops.AddOp, [scores, add])
     probs = ctx.emit(ops.SoftmaxOp, [scores], {"axis": -1})
     out = _transpose(ctx, ctx.emit(ops.MatMulOp, [probs, v]), (0, 2, 1, 3))
-    out = _reshape(ctx, out, (batch, seq, sizes[2]))
-    return [out] if present is None else [out, present]
+    return _reshape(ctx, out, (batch, seq, heads * ctx.shape(v)[3]))
+
+
+def _ms_multi_head_attention(ctx, ins):
+    """MultiHeadAttention with separate Q, K, V: query [B, S, Dq], key/value [B, L, D] (or [B, N, L,
+    H] already split into heads, then without bias), ``bias`` [Dq + Dk + Dv] added after the
+    projections, ``key_padding_mask`` in the forms of Attention's ``mask_index``, ``attention_bias``,
+    ``past_key``/``past_value`` [B, N, P, H] with ``present_key``/``present_value`` [B, N, P + L, H].
+    Packed QKV/KV, ``past_sequence_length``, ``cache_indirection`` and the ``qk`` output refused."""
+    q, k, v = ins[0], _opt(ins, 1), _opt(ins, 2)
+    bias, mask, attn_bias = _opt(ins, 3), _opt(ins, 4), _opt(ins, 5)
+    past_k, past_v = _opt(ins, 6), _opt(ins, 7)
+    if any(_opt(ins, i) is not None for i in (8, 9)):
+        raise ctx.unsupported("past_sequence_length and cache_indirection are not supported")
+    if len(ctx.node.output) > 3 and ctx.node.output[3]:
+        raise ctx.unsupported("the qk output is not supported")
+    heads = int(ctx.attr("num_heads", 0))
+    qs = ctx.shape(q)
+    if k is None or v is None or len(qs) != 3 or len(ctx.shape(k)) not in (3, 4):
+        raise ctx.unsupported(
+            "packed QKV or packed KV inputs are not supported (query, key and value separate are)"
+        )
+    if heads <= 0 or qs[2] % heads:
+        raise ctx.unsupported(f"num_heads={heads} does not divide the query's hidden size {qs[2]}")
+    if (past_k is None) != (past_v is None):
+        raise ctx.unsupported("past_key and past_value must be given together")
+    batch, seq = qs[0], qs[1]
+    bnsh = len(ctx.shape(k)) == 4
+    if bias is not None:
+        if bnsh:
+            raise ctx.unsupported("bias with key/value already split into heads is not supported")
+        dq, dk = qs[2], ctx.shape(k)[2]
+        q = ctx.emit(ops.AddOp, [q, _slice_last(ctx, bias, 0, dq)])
+        k = ctx.emit(ops.AddOp, [k, _slice_last(ctx, bias, dq, dq + dk)])
+        v = ctx.emit(ops.AddOp, [v, _slice_last(ctx, bias, dq + dk, ctx.shape(bias)[0])])
+    q = _heads(ctx, q, batch, seq, heads)
+    if not bnsh:
+        k = _heads(ctx, k, batch, ctx.shape(k)[1], heads)
+        v = _heads(ctx, v, batch, ctx.shape(v)[1], heads)
+    past_len = 0
+    if past_k is not None:
+        pk, pv = ctx.shape(past_k), ctx.shape(past_v)
+        if len(pk) != 4 or tuple(pk[:2]) != (batch, heads) or pk[3] != ctx.shape(k)[3] or pk[2] != pv[2]:
+            raise ctx.unsupported(f"past_key {list(pk)} / past_value {list(pv)} are not [B, N, P, H]")
+        past_len = pk[2]
+        k = ctx.emit(ops.ConcatOp, [past_k, k], {"axis": 2})
+        v = ctx.emit(ops.ConcatOp, [past_v, v], {"axis": 2})
+    out = _attend(ctx, q, k, v, mask, attn_bias, past_len, ctx.shape(q)[3])
+    return [out, k, v]
 
 
 # -- EmbedLayerNormalization, SkipLayerNormalization ----------------------------------------------
@@ -306,6 +366,7 @@ def _ms_fused_matmul(ctx, ins):
 
 
 DOMAIN_HANDLERS["com.microsoft", "Attention"] = _ms_attention
+DOMAIN_HANDLERS["com.microsoft", "MultiHeadAttention"] = _ms_multi_head_attention
 DOMAIN_HANDLERS["com.microsoft", "EmbedLayerNormalization"] = _ms_embed_layer_norm
 DOMAIN_HANDLERS["com.microsoft", "SkipLayerNormalization"] = _ms_skip_layer_norm
 DOMAIN_HANDLERS["com.microsoft", "BiasGelu"] = _ms_bias_gelu

@@ -137,6 +137,49 @@ ATTENTION = [
 ]
 ATTENTION[1].order[2] = ""  # Attention without its bias input
 
+
+def mha(id, mask=None, ab=None, past=None, kv_len=S, bias=True, bnsh=False, heads=4, **attrs):
+    """MultiHeadAttention with separate query/key/value ([B, L, D], or [B, N, L, H] with ``bnsh``)."""
+    data = {"q": f(B, S, 16)}
+    if bnsh:
+        data.update(k=f(B, heads, kv_len, 16 // heads), v=f(B, heads, kv_len, 16 // heads))
+    else:
+        data.update(k=f(B, kv_len, 16), v=f(B, kv_len, 16))
+    consts = {"bias": f(48, scale=0.2)} if bias else {}
+    order = ["q", "k", "v", "bias" if bias else ""]
+    for name, value in (("mask", mask), ("ab", ab)):
+        order.append(name if value is not None else "")
+        if value is not None:
+            data[name] = value
+    if past is not None:
+        data.update(pk=past[0], pv=past[1])
+        order += ["pk", "pv"]
+    while order[-1] == "":
+        order.pop()
+    outs = [TensorProto.FLOAT] * (3 if past is not None else 1)
+    return Case(id, "MultiHeadAttention", data, consts, order, outs, {"num_heads": heads, **attrs})
+
+
+MHA_PAST = (f(B, 4, P, 4), f(B, 4, P, 4))
+MHA = [
+    mha("no_mask"),
+    mha("no_bias", bias=False, scale=0.4),
+    mha("key_padding_1d", mask=i32(3, 1)),
+    mha("key_padding_2d_filter_lowest", mask=i32([1, 1, 0, 1], [0, 0, 0, 0]), mask_filter_value=LOWEST),
+    mha(
+        "attention_3d_unidirectional", mask=(_rng.random((B, S, S)) > 0.4).astype(np.int32), unidirectional=1
+    ),
+    mha("cross_attention", kv_len=6, mask=i32([1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1])),
+    mha("bnsh_key_value", bias=False, bnsh=True, kv_len=5),
+    mha("attention_bias", ab=f(1, 4, S, S, scale=2.0), mask=i32(4, 2)),
+    mha(
+        "past_unidirectional_2d",
+        past=MHA_PAST,
+        unidirectional=1,
+        mask=i32([0, 1, 1, 1, 1, 1, 1], [1] * 5 + [0, 0]),
+    ),
+]
+
 W, PT, ST = f(12, 8), f(6, 8), f(2, 8)
 EMB = {"W": W, "P": PT, "g": f(8) + 1, "b": f(8)}
 IDS = i32([1, 2, 3, 11], [4, 5, 0, 0])
@@ -228,7 +271,7 @@ ACTIVATIONS = [
     ),
 ]
 
-CASES = ATTENTION + EMBED + SKIP + ACTIVATIONS
+CASES = ATTENTION + MHA + EMBED + SKIP + ACTIVATIONS
 
 
 def _check(case: Case, model: onnx.ModelProto, feeds: dict, ort_run) -> None:
@@ -249,8 +292,10 @@ def test_matches_onnxruntime(case, ort_run):
     _check(case, case.model(), case.data, ort_run)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.op in ("Attention", "EmbedLayerNormalization")][::3],
-                         ids=lambda c: f"{c.op}-{c.id}")  # fmt: skip
+FOLDED = [c for c in CASES if c.op in ("Attention", "MultiHeadAttention", "EmbedLayerNormalization")][::3]
+
+
+@pytest.mark.parametrize("case", FOLDED, ids=lambda c: f"{c.op}-{c.id}")
 def test_folded_at_import_matches_onnxruntime(case, ort_run):
     _check(case, case.model(folded=True), {}, ort_run)
 
@@ -273,6 +318,8 @@ COMPILED = [
     "Attention-attention_bias_mask_unidirectional",
     "Attention-qkv_hidden_sizes",
     "Attention-past_unidirectional_2d",
+    "MultiHeadAttention-cross_attention",
+    "MultiHeadAttention-past_unidirectional_2d",
     "EmbedLayerNormalization-all_inputs_and_outputs",
     "EmbedLayerNormalization-position_ids_BxS_sum_only",
     "SkipLayerNormalization-all_inputs_and_outputs",

@@ -16,14 +16,18 @@ Committed fixtures (small, random weights, seed 2026, nothing downloaded):
   1-D ``mask_index`` feeds every Attention), Attention, SkipLayerNormalization, BiasGelu.
 * ``bert-fused-rawmask-fastgelu.onnx``: the same export with ``--use_raw_attention_mask
   --enable_gelu_approximation``: Attention reads the 2-D int32 mask, FastGelu replaces BiasGelu.
+* ``bert-fused-mha.onnx``: the same export with ``--use_multi_head_attention``: MultiHeadAttention
+  (separate Q, K, V projections, one packed bias, the 1-D key padding mask) instead of Attention.
 * ``gpt2-fused.onnx``: ``tests/llm/decoders/gpt2-with-past.onnx`` (a random GPT-2 with past,
   transformers 5.24 TorchScript export) through ``--model_type gpt2``: SkipLayerNormalization with
   its ``input_skip_bias_sum`` output, and FastGelu.  The optimizer fuses no Attention in this
-  export (its GPT-2 attention patterns are those of older transformers), and ONNX Runtime's own
-  GPT-2 exporter (``onnxruntime.transformers.models.gpt2.convert_to_onnx``), which would write
-  Attention with ``past``/``present``, fails on torch 2.13 / transformers 4.57.6 while tracing
-  (``RuntimeError: unordered_map::at``); Attention with past is covered by the op's conformance
-  test against ONNX Runtime instead (``tests/ir/test_onnx_contrib.py``).
+  export, nor in a transformers 4.57.6 TorchScript export (its GPT-2 attention patterns are those
+  of older transformers).  ONNX Runtime's own GPT-2 exporter
+  (``onnxruntime.transformers.models.gpt2.convert_to_onnx``) fails on torch 2.13 / transformers
+  4.57.6 while tracing (``RuntimeError: unordered_map::at`` in transformers' vmap masks); with
+  those masks patched out and eager attention forced it exports, fuses no Attention either, and
+  fails its own parity run (a traced Reshape).  Attention with ``past``/``present`` is covered by
+  the op's conformance test against ONNX Runtime instead (``tests/ir/test_onnx_contrib.py``).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ BERT = dict(
 BERT_VARIANTS = {
     "bert-fused-maskindex.onnx": [],
     "bert-fused-rawmask-fastgelu.onnx": ["--use_raw_attention_mask", "--enable_gelu_approximation"],
+    "bert-fused-mha.onnx": ["--use_multi_head_attention"],
 }
 
 

@@ -28,7 +28,7 @@ ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 from e2e_util import compile_and_run  # noqa: E402
 
-BERTS = ["bert-fused-maskindex.onnx", "bert-fused-rawmask-fastgelu.onnx"]
+BERTS = ["bert-fused-maskindex.onnx", "bert-fused-rawmask-fastgelu.onnx", "bert-fused-mha.onnx"]
 
 
 def padded_batch(vocab: int, lengths: list[int], seq: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -46,7 +46,8 @@ def _fused_ops(path: Path) -> set[str]:
 @pytest.mark.parametrize("name", BERTS)
 def test_fused_bert_imports_and_matches_onnxruntime(name):
     path = HERE / name
-    assert {"Attention", "EmbedLayerNormalization", "SkipLayerNormalization"} <= _fused_ops(path)
+    attention = "MultiHeadAttention" if "mha" in name else "Attention"
+    assert {attention, "EmbedLayerNormalization", "SkipLayerNormalization"} <= _fused_ops(path)
     feeds = padded_batch(512, [8, 5, 1], 8)
     got = interpret(import_onnx(path, dims={"batch": 3, "seq": 8}), feeds)
     ref = _ort_run(onnx.load(str(path)), feeds)
