@@ -154,7 +154,6 @@ def _ms_attention(ctx, ins):
     cut = [0, sizes[0], sizes[0] + sizes[1], sum(sizes)]
     q, k, v = (_heads(ctx, _slice_last(ctx, qkv, cut[i], cut[i + 1]), batch, seq, heads) for i in range(3))
     past_len = 0
-    present = None
     if past is not None:
         ps = ctx.shape(past)
         head = sizes[0] // heads
@@ -173,13 +172,15 @@ def _ms_attention(ctx, ins):
         past_len = ps[3]
         k = ctx.emit(ops.ConcatOp, [_slice_axis0(ctx, past, 0), k], {"axis": 2})
         v = ctx.emit(ops.ConcatOp, [_slice_axis0(ctx, past, 1), v], {"axis": 2})
-        total = past_len + seq
-        kv_shape = (1, batch, heads, total, head)
-        present = ctx.emit(
-            ops.ConcatOp, [_reshape(ctx, k, kv_shape), _reshape(ctx, v, kv_shape)], {"axis": 0}
-        )
     out = _attend(ctx, q, k, v, mask, attn_bias, past_len, sizes[0] // heads)
-    return [out] if present is None else [out, present]
+    if len(ctx.node.output) < 2 or not ctx.node.output[1]:
+        return [out]
+    if sizes[2] != sizes[0]:
+        raise ctx.unsupported("the present output needs Q, K and V of one hidden size")
+    # present [2, B, N, P + S, H]: K and V (after the past), also without a past
+    kv_shape = (1, batch, heads, past_len + seq, sizes[0] // heads)
+    present = ctx.emit(ops.ConcatOp, [_reshape(ctx, k, kv_shape), _reshape(ctx, v, kv_shape)], {"axis": 0})
+    return [out, present]
 
 
 def _attend(ctx, q, k, v, mask, attn_bias, past_len: int, head_size: int):

@@ -134,7 +134,9 @@ ATTENTION = [
     ),
     attention("past_1d", past=PAST, unidirectional=1, mask=i32(6, 7)),
     attention("past_3d", past=PAST, mask=(_rng.random((B, S, P + S)) > 0.4).astype(np.int32)),
+    attention("present_without_past", unidirectional=1, mask=i32(3, 4)),
 ]
+ATTENTION[-1].outs.append(TensorProto.FLOAT)  # present [2, B, N, S, H] of the new K, V alone
 ATTENTION[1].order[2] = ""  # Attention without its bias input
 
 
@@ -320,6 +322,11 @@ COMPILED = [
     "Attention-past_unidirectional_2d",
     "MultiHeadAttention-cross_attention",
     "MultiHeadAttention-past_unidirectional_2d",
+    "MultiHeadAttention-bnsh_key_value",
+    "Attention-present_without_past",
+    "SkipLayerNormalization-skip_SxH",
+    "FastGelu-fast_gelu",
+    "Gelu-gelu",
     "EmbedLayerNormalization-all_inputs_and_outputs",
     "EmbedLayerNormalization-position_ids_BxS_sum_only",
     "SkipLayerNormalization-all_inputs_and_outputs",
