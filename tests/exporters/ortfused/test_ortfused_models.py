@@ -1,8 +1,9 @@
 """Models after ``onnxruntime.transformers.optimizer`` (the fixtures beside this file, see README.md)
 compile and agree with ONNX Runtime: the fused BERTs with ``--dim batch=N --dim seq=M`` pass
-``mcpc check --mask attention_mask`` on right-padded batches, the fused GPT-2 compiles with fixed
-dims (a prefill over a past) and its logits and presents match.  The slow test puts the MiniLM-L3
-export of the ``models`` extra through the optimizer (in the optimum exporter venv) the same way."""
+``mcpc check --mask attention_mask`` on right-padded batches; the fused GPT-2 compiles with fixed
+dims (a prefill over a past, logits and presents match) and as a ``--max-seq`` decoder generates
+ONNX Runtime's greedy tokens.  The slow tests put the MiniLM-L3 export of the ``models`` extra and
+the real all-MiniLM-L6-v2 through the optimizer (in the optimum exporter venv) the same way."""
 
 from __future__ import annotations
 
@@ -152,3 +153,30 @@ def test_optimizer_fused_minilm_l6_on_real_sentences(tmp_path):
     feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
     report = _check_passes(fused, feeds, {"batch_size": 8, "sequence_length": 48}, tmp_path)
     assert report["passed"] and max(o["norm_max_err"] for o in report["outputs"]) <= 1e-5
+
+
+def test_fused_gpt2_generates_onnx_runtimes_greedy_tokens(tmp_path):
+    """The fused GPT-2 as a served decoder (``--max-seq 64``): ``mcpc sim generate`` gives the 24
+    greedy tokens ONNX Runtime gives on the unfused export (``tests/llm/decoders/decoders.json``)."""
+    from mcpc.ir.decoder_import import DecoderBuild
+
+    record = json.loads((ROOT / "tests/llm/decoders/decoders.json").read_text())["models"]["gpt2"]
+    prog, prompt, out = tmp_path / "g.mcpb", tmp_path / "prompt.npy", tmp_path / "g.json"
+    mcpc.compile(
+        HERE / "gpt2-fused.onnx", qat_config="fp32.yaml", output=prog, decoder=DecoderBuild(max_seq=64)
+    )
+    np.save(prompt, np.array([record["prompt"]], np.int64))
+    args = [
+        "sim",
+        "generate",
+        str(prog),
+        "--prompt-ids",
+        str(prompt),
+        "--max-new-tokens",
+        "24",
+        "--json",
+        str(out),
+    ]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["generated_ids"] == record["greedy"]
