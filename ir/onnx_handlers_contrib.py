@@ -7,16 +7,18 @@ Semantics are ONNX Runtime's CPU kernels (``docs/ContribOperators.md`` and
 
 * ``Attention``: ``x · W (+ bias)`` split into Q, K, V (``qkv_hidden_sizes`` or three equal parts),
   heads of ``num_heads``; an optional ``past`` [2, B, N, P, H] is put before K and V and the
-  ``present`` output is [2, B, N, P + L, H]; scores ``Q·Kᵀ · scale`` (default 1/√head_size) plus an
-  additive mask, plus ``attention_bias``; softmax; times V.  The mask, as the CPU kernel builds it:
-  a key position masked by ``mask_index`` adds ``mask_filter_value`` (default −10000); with
-  ``unidirectional`` a future key position (``t > past + s``) is set to the lowest f32 instead
-  (not added: a row whose every key is masked by padding stays uniform, as ONNX Runtime's does).
+  ``present`` output (also without a past) is [2, B, N, P + L, H]; scores ``Q·Kᵀ · scale``
+  (default 1/√head_size) plus an additive mask, plus ``attention_bias``; softmax; times V.
+  The mask, as the CPU kernel builds it: a key position masked by ``mask_index`` adds
+  ``mask_filter_value`` (default −10000); with ``unidirectional`` a future key position
+  (``t > past + s``) is set to the lowest f32 instead (not added: a row whose every key is masked
+  by padding stays uniform, as ONNX Runtime's does).
   ``mask_index`` forms: 1-D [B] (end positions: keys at or after the end are masked), 1-D [2B]
   (end positions then start positions: keys before the start are masked too), any other 1-D length
   (the CPU kernel reads the first B values as end positions), 2-D [B, T] and 3-D [B, S, T] raw masks
   (a value ``> 0`` keeps the key).  Refused, naming the node: a 4-D mask (the CPU kernel refuses
-  it), ``do_rotary``, ``past_present_share_buffer``, ``past_sequence_length``.
+  it), ``do_rotary`` (so does the CPU kernel), ``past_present_share_buffer``,
+  ``past_sequence_length``.
 * ``MultiHeadAttention`` (``--use_multi_head_attention``): the same core with separate query, key
   and value ([B, L, D], or [B, N, L, H] already split into heads), one packed ``bias`` added after
   the projections, ``key_padding_mask`` in the mask forms above, ``past_key``/``past_value``
@@ -135,9 +137,10 @@ def _ms_attention(ctx, ins):
     bias, mask, past, attn_bias = _opt(ins, 2), _opt(ins, 3), _opt(ins, 4), _opt(ins, 5)
     if _opt(ins, 6) is not None:
         raise ctx.unsupported("past_sequence_length (a shared past/present buffer) is not supported")
-    for key in ("do_rotary", "past_present_share_buffer"):
-        if ctx.attr(key, 0):
-            raise ctx.unsupported(f"{key}=1 is not supported")
+    if ctx.attr("do_rotary", 0):  # ONNX Runtime's CPU kernel refuses it too (MHA + RotaryEmbedding)
+        raise ctx.unsupported("do_rotary=1 is not supported (nor by ONNX Runtime's CPU kernel)")
+    if ctx.attr("past_present_share_buffer", 0):
+        raise ctx.unsupported("past_present_share_buffer=1 is not supported")
     heads = int(ctx.attr("num_heads", 0))
     xs, ws = ctx.shape(x), ctx.shape(w)
     if len(xs) != 3 or len(ws) != 2 or ws[0] != xs[2]:
