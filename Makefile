@@ -10,7 +10,7 @@ DEMO   ?= encoder_block
 # Extra mcp-compile flags for the demo, e.g. COMPILE_FLAGS="--dim seq=32" for decoder_block.
 COMPILE_FLAGS ?=
 
-.PHONY: demo test test-all lint venv clean conformance real-models llm-models bench bench-serve bench-llm fuzz extras test-tools ci-examples quant-eval
+.PHONY: demo test test-all lint venv clean conformance real-models llm-models bench bench-serve bench-llm fuzz extras test-tools ci-examples quant-eval ortfused
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,11 @@ docs: $(STAMP)
 conformance: $(STAMP)
 	mkdir -p $(OUT)
 	$(BIN)/mcpc conformance --compile --target mcp2026-a100 --json $(OUT)/conformance.json -v
+
+# ONNX Runtime's transformers optimizer on real BERTs (MiniLM-L3 of the `models` extra, all-MiniLM-L6-v2
+# from PyPI), fused then compiled and checked; makes the optimum exporter venv (tests/exporters/venv.sh).
+ortfused: $(STAMP)
+	$(BIN)/pytest tests/exporters/ortfused -m slow
 
 # A real exported transformer (MiniLM from PyPI, the `models` extra) on every target, both builds.
 real-models: $(STAMP)

@@ -333,16 +333,21 @@ def _layer_norm(ctx, ins):
     y = ctx.emit(ops.LayerNormOp, [x, *parts], {"axis": axis, "epsilon": eps})
     if not any(ctx.node.output[1:]):
         return [y]
-    # Mean and InvStdDev (training-style outputs) in the stash type, from separate reductions with
-    # the same steps as mcp.layer_norm: mean, d = x - mean, var = mean(d*d), rsqrt(var + eps)
-    stash = onnx_dtype(ctx.attr("stash_type", _T.FLOAT))
+    mean, inv = _layer_norm_stats(ctx, x, axis, eps, onnx_dtype(ctx.attr("stash_type", _T.FLOAT)))
+    return [y, mean, inv]
+
+
+def _layer_norm_stats(ctx, x, axis: int, eps: float, stash: DType):
+    """Mean and InvStdDev (training-style outputs) over dims ``axis..`` in the ``stash`` type, from
+    separate reductions with the same steps as mcp.layer_norm: mean, d = x - mean, var = mean(d*d),
+    rsqrt(var + eps); both keep the reduced dims as 1."""
     xs = x if ctx.dtype(x) == stash else ctx.emit(ops.CastOp, [x], {"to": stash})
-    axes = {"axes": list(range(axis, len(shape))), "keepdims": True}
+    axes = {"axes": list(range(axis, len(ctx.shape(x)))), "keepdims": True}
     mean = ctx.emit(ops.ReduceMeanOp, [xs], axes)
     d = ctx.emit(ops.SubOp, [xs, mean])
     var = ctx.emit(ops.ReduceMeanOp, [ctx.emit(ops.MulOp, [d, d])], axes)
     inv = ctx.emit(ops.RsqrtOp, [ctx.emit(ops.AddOp, [var, np.array(eps, dtype=stash.np_dtype)])])
-    return [y, mean, inv]
+    return mean, inv
 
 
 _REDUCE = {"ReduceMean": ops.ReduceMeanOp, "ReduceSum": ops.ReduceSumOp, "ReduceMax": ops.ReduceMaxOp}
@@ -411,4 +416,4 @@ def _topk(ctx, ins):
 
 # The constant, shape and data-movement handlers live in their own module and register into the
 # tables above when imported; importing them here keeps HANDLERS complete for every caller.
-from mcpc.ir import onnx_handlers_quant, onnx_handlers_shape  # noqa: E402, F401
+from mcpc.ir import onnx_handlers_contrib, onnx_handlers_quant, onnx_handlers_shape  # noqa: E402, F401
