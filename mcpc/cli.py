@@ -308,6 +308,8 @@ def _print_summary(result) -> None:
     _stdout_console().print(Text(line))
     if report.get("decoder"):
         _stdout_console().print(Text(_decoder_line(report)))
+    for text in report.get("import_notes") or []:
+        _stdout_console().print(Text(f"note: {text}"))
     from mcpc.quant_report import summary_lines
 
     for text in summary_lines(report):

@@ -260,6 +260,7 @@ def compile(  # noqa: A001 - the public API name (mcpc.compile) is part of the s
         "ir_ops": dict(sorted(Counter(op.name for op in module.walk()).items())),
         "weights": {"before": before, "after": weight_stats(module)},
         "quantization": ctx.notes.get("quantization"),
+        "import_notes": list(module.attrs.get("import_notes", [])),
     }
     if built is not None:
         report["decoder"] = decoder_info
