@@ -223,8 +223,16 @@ def _match_concat(g: GraphIndex, layer: Layer, kind: str) -> None:
     node = g.producer.get(present)
     if node is None or node.op_type != "Concat" or list(node.input)[:1] != [past] or len(node.input) != 2:
         what = g.name(node) if node is not None else "a graph input"
+        hint = ""
+        if node is not None and node.op_type == "GroupQueryAttention":  # ONNX Runtime GenAI's builder
+            hint = (
+                "; --max-seq builds do not take GroupQueryAttention's cache yet: compile a fixed-dims "
+                "prefill or step instead (--dim batch_size=1 --dim sequence_length=N "
+                "--dim total_sequence_length=N --dim past_sequence_length=0 --dim kv_cache_dim=HEAD_DIM)"
+            )
         raise g.refuse(
-            f"output '{present}' is computed by {what}, not by Concat('{past}', new) along the sequence axis"
+            f"output '{present}' is computed by {what}, not by Concat('{past}', new) along the sequence "
+            f"axis{hint}"
         )
     vi = next(i for i in g.inputs if i.name == past)
     rank = len(vi.type.tensor_type.shape.dim)

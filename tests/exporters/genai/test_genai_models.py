@@ -111,3 +111,13 @@ def test_accuracy_level_4_compiles_with_a_note(tmp_path):
     )
     assert built.exit_code == 0, built.output
     assert "note: MatMulNBits accuracy_level=4" in built.output and "(11 nodes" in built.output
+
+
+def test_max_seq_build_refuses_group_query_attention_naming_the_fixed_dims_way(tmp_path):
+    built = CliRunner().invoke(
+        cli, ["compile", str(HERE / "fp32" / "model.onnx"), "-c", "fp32.yaml", "--max-seq", "64",
+              "-o", str(tmp_path / "p.mcpb")]
+    )  # fmt: skip
+    assert built.exit_code == 4, built.output
+    assert "GroupQueryAttention's cache" in built.output and "--dim kv_cache_dim=HEAD_DIM" in built.output
+    assert not (tmp_path / "p.mcpb").exists()
