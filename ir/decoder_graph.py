@@ -60,6 +60,9 @@ class Layer:
     kv_heads: int = 0
     q_heads: int = 0
     head_dim: int = 0
+    gqa: onnx.NodeProto | None = None  # com.microsoft GroupQueryAttention owning the cache (ORT GenAI)
+    scale: float | None = None  # the attention scale when an attribute gives it (GQA)
+    rope_half: int = 0  # GQA: angles per position in cos_cache (the rotary dim / 2)
 
 
 @dataclass
@@ -198,6 +201,9 @@ def recognise(model: onnx.ModelProto) -> DecoderGraph:
             if kind not in layer.past:
                 other = next(iter(layer.past.values()))
                 raise g.refuse(f"layer {layer.index} has '{other}' but no past {kind} input")
+        if _match_gqa(g, layer):
+            continue
+        for kind in ("key", "value"):
             _match_concat(g, layer, kind)
         _match_attention(g, layer)
     rest = [o.name for o in g.graph.output if o.name not in expected]
@@ -223,16 +229,9 @@ def _match_concat(g: GraphIndex, layer: Layer, kind: str) -> None:
     node = g.producer.get(present)
     if node is None or node.op_type != "Concat" or list(node.input)[:1] != [past] or len(node.input) != 2:
         what = g.name(node) if node is not None else "a graph input"
-        hint = ""
-        if node is not None and node.op_type == "GroupQueryAttention":  # ONNX Runtime GenAI's builder
-            hint = (
-                "; --max-seq builds do not take GroupQueryAttention's cache yet: compile a fixed-dims "
-                "prefill or step instead (--dim batch_size=1 --dim sequence_length=N "
-                "--dim total_sequence_length=N --dim past_sequence_length=0 --dim kv_cache_dim=HEAD_DIM)"
-            )
         raise g.refuse(
             f"output '{present}' is computed by {what}, not by Concat('{past}', new) along the sequence "
-            f"axis{hint}"
+            "axis (nor by a GroupQueryAttention reading it)"
         )
     vi = next(i for i in g.inputs if i.name == past)
     rank = len(vi.type.tensor_type.shape.dim)
@@ -249,6 +248,87 @@ def _match_concat(g: GraphIndex, layer: Layer, kind: str) -> None:
         )
     layer.kv_heads, layer.head_dim = dims[1], dims[3]
     layer.concat[kind], layer.new[kind] = node, node.input[1]
+
+
+# GroupQueryAttention attributes and inputs a paged build does not take (``_match_gqa``)
+_GQA_UNTAKEN_ATTRS = ("softcap", "local_window_size", "smooth_softmax", "qk_output")
+_GQA_UNTAKEN_INPUTS = {9: "position_ids", 10: "attention_bias", 11: "head_sink"}
+
+
+def _match_gqa(g: GraphIndex, layer: Layer) -> bool:
+    """True when ``layer``'s present K/V are outputs 1/2 of one com.microsoft GroupQueryAttention
+    reading its past K/V as inputs 3/4 (ONNX Runtime GenAI's builder): the layer's heads, head size
+    (from the past input, else the width of the projection feeding the node) and scale come from
+    it.  UnsupportedError, naming the node and field, for what a paged build does not take."""
+    node = g.producer.get(layer.present["key"])
+    if node is None or node.op_type != "GroupQueryAttention" or node.domain != "com.microsoft":
+        return False
+    ins, outs = list(node.input) + [""] * 12, list(node.output) + [""] * 3
+    if ins[3:5] != [layer.past["key"], layer.past["value"]] or outs[1:3] != [
+        layer.present["key"],
+        layer.present["value"],
+    ]:
+        raise g.refuse(
+            f"{g.name(node)} computes '{layer.present['key']}' but does not read '{layer.past['key']}' / "
+            f"'{layer.past['value']}' as its past_key / past_value and return both presents"
+        )
+    for key in _GQA_UNTAKEN_ATTRS:
+        value = _attr(node, key, 0)
+        if key == "local_window_size" and value == -1:
+            continue
+        if value:
+            raise g.refuse(f"{g.name(node)}: attribute {key}={value} is not taken by the paged attention")
+    for index, what in _GQA_UNTAKEN_INPUTS.items():
+        if ins[index]:
+            raise g.refuse(f"{g.name(node)}: input {index} ({what}) is not taken by the paged attention")
+    if len(outs) > 3 and outs[3]:
+        raise g.refuse(f"{g.name(node)}: output 3 (output_qk) is not taken by the paged attention")
+    heads, kv_heads = int(_attr(node, "num_heads", 0)), int(_attr(node, "kv_num_heads", 0))
+    if heads <= 0 or kv_heads <= 0 or heads % kv_heads:
+        raise g.refuse(f"{g.name(node)}: num_heads={heads}, kv_num_heads={kv_heads}")
+    vi = next(i for i in g.inputs if i.name == layer.past["key"])
+    dims = _static_dims(vi)
+    head = dims[3] if len(dims) == 4 and isinstance(dims[3], int) and dims[3] > 0 else None
+    if head is None:  # e.g. the builder's symbolic 'kv_cache_dim': read it off the weights
+        packed = not ins[1]
+        width = _width(g, ins[0], 0)
+        parts = heads + 2 * kv_heads if packed else heads
+        if width is None or width % parts:
+            raise g.refuse(
+                f"{g.name(node)}: the head size is symbolic in '{layer.past['key']}' {dims} and cannot be "
+                f"read off the projection feeding input 0 ('{ins[0]}', width {width})"
+            )
+        head = width // parts
+    layer.gqa, layer.kv_heads, layer.q_heads, layer.head_dim = node, kv_heads, heads, head
+    scale = float(_attr(node, "scale", 0.0))
+    layer.scale = scale if scale else float(1.0 / np.sqrt(head))
+    if _attr(node, "do_rotary", 0):
+        cos = g.constant(ins[7]) if ins[7] else None
+        if cos is None or cos.ndim != 2 or not ins[8] or 2 * cos.shape[1] > head:
+            raise g.refuse(
+                f"{g.name(node)}: do_rotary=1 needs constant cos_cache/sin_cache [positions, <= head/2]"
+            )
+        layer.rope_half = int(cos.shape[1])
+    return True
+
+
+def _width(g: GraphIndex, name: str, depth: int) -> int | None:
+    """The last dim of ``name`` when a projection computes it: a MatMul by a constant, a
+    com.microsoft MatMulNBits (its N), a bias Add or a Cast of one."""
+    node = g.producer.get(name)
+    if node is None or depth > 8:
+        return None
+    if node.op_type == "MatMul":
+        w = g.constant(node.input[1])
+        return int(w.shape[-1]) if w is not None and w.ndim >= 2 else None
+    if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
+        return int(_attr(node, "N", 0)) or None
+    if node.op_type in ("Add", "Cast", "Identity"):
+        for x in node.input[:2]:
+            found = _width(g, x, depth + 1)
+            if found is not None:
+                return found
+    return None
 
 
 def _walk_to_cache(g: GraphIndex, name: str, present: str, factors: list | None) -> tuple[int, bool] | None:
@@ -431,6 +511,8 @@ def rewrite(
     UnsupportedError naming a node that still reads the past, a present K/V or the attention mask
     afterwards."""
     g = GraphIndex(model)
+    if any(layer.gqa is not None and _attr(layer.gqa, "do_rotary", 0) for layer in dec.layers):
+        dec.positions = dec.positions or "position_ids"  # GQA's RoPE at positions the host gives
     nodes = _attention_nodes(g, dec, scales, block)
     nodes, extra_inits = _past_dims(nodes, dec)
     if positions:
@@ -477,11 +559,17 @@ def rewrite(
 def _attention_nodes(g: GraphIndex, dec: DecoderGraph, scales: list[float], block: int) -> list:
     """The graph's nodes with each layer's Concat pair dropped and its V matmul replaced by the
     KV stores and the paged attention."""
-    replaced = {id(layer.pv): layer for layer in dec.layers}
-    dropped = {id(layer.concat[k]) for layer in dec.layers for k in ("key", "value")}
+    replaced = {id(layer.pv): layer for layer in dec.layers if layer.gqa is None}
+    dropped = {id(layer.concat[k]) for layer in dec.layers if layer.gqa is None for k in ("key", "value")}
+    gqa = {id(layer.gqa): layer for layer in dec.layers if layer.gqa is not None}
     nodes: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
     for node in g.graph.node:
         if id(node) in dropped:
+            continue
+        if id(node) in gqa:
+            layer = gqa[id(node)]
+            nodes += _gqa_nodes(layer, scales[layer.index], block, dec.positions or "position_ids", inits)
             continue
         layer = replaced.get(id(node))
         if layer is None:
@@ -502,7 +590,101 @@ def _attention_nodes(g: GraphIndex, dec: DecoderGraph, scales: list[float], bloc
                 scale=float(scales[layer.index]), block_size=block,
             )
         )  # fmt: skip
+    if inits:  # constants of the GQA replacements, as Constant nodes ahead of everything
+        nodes = [
+            helper.make_node("Constant", [], [t.name], name=f"{t.name}/const", value=t) for t in inits
+        ] + nodes
     return nodes
+
+
+def _gqa_nodes(layer: Layer, scale: float, block: int, positions: str, inits: list) -> list:
+    """Standard ONNX nodes and ``mcpc.kv`` nodes for one GroupQueryAttention (``layer.gqa``): Q, K, V
+    cut from the packed input (or taken from inputs 0-2) as [batch, heads, seq, head]; RoPE from
+    the cos/sin caches gathered at ``positions`` (halves, or pairs when rotary_interleaved; a
+    rotary dim below the head size leaves the rest); K and V stored to the cache; the paged
+    attention of Q; the result back to [batch, seq, heads · head] as the node's output 0."""
+    node = layer.gqa
+    ins = list(node.input) + [""] * 12
+    tag = f"mcpc_kv/layer{layer.index}"
+    nq, nkv, h = layer.q_heads, layer.kv_heads, layer.head_dim
+    out: list[onnx.NodeProto] = []
+
+    def const(name: str, values) -> str:
+        full = f"{tag}/{name}"
+        inits.append(numpy_helper.from_array(np.array(values, np.int64), full))
+        return full
+
+    def add(op: str, inputs: list[str], name: str, **attrs) -> str:
+        y = f"{tag}/{name}"
+        out.append(helper.make_node(op, inputs, [y], name=y, **attrs))
+        return y
+
+    def cut(x: str, lo: int, hi: int, axis: int, name: str, step: int = 1) -> str:
+        args = [x, const(f"{name}_lo", [lo]), const(f"{name}_hi", [hi]), const(f"{name}_ax", [axis])]
+        return add("Slice", [*args, const(f"{name}_st", [step])], name)
+
+    def heads_first(x: str, n: int, name: str) -> str:
+        r = add("Reshape", [x, const(f"{name}_shape", [0, 0, n, h])], f"{name}_bsnh")
+        return add("Transpose", [r], name, perm=[0, 2, 1, 3])
+
+    if not ins[1]:  # packed [B, S, (Nq + 2 Nkv) H]
+        q3 = cut(ins[0], 0, nq * h, 2, "q3")
+        k3 = cut(ins[0], nq * h, (nq + nkv) * h, 2, "k3")
+        v3 = cut(ins[0], (nq + nkv) * h, (nq + 2 * nkv) * h, 2, "v3")
+    else:
+        q3, k3, v3 = ins[0], ins[1], ins[2]
+    q, k, v = heads_first(q3, nq, "q"), heads_first(k3, nkv, "k"), heads_first(v3, nkv, "v")
+    if _attr(node, "do_rotary", 0):
+        interleaved = bool(_attr(node, "rotary_interleaved", 0))
+        cos = add("Unsqueeze", [add("Gather", [ins[7], positions], "cos_g"), const("ax1", [1])], "cos")
+        sin = add("Unsqueeze", [add("Gather", [ins[8], positions], "sin_g"), const("ax1b", [1])], "sin")
+        q = _gqa_rope(add, cut, const, q, cos, sin, h, layer, interleaved, "q")
+        k = _gqa_rope(add, cut, const, k, cos, sin, h, layer, interleaved, "k")
+    for kind, x in (("k", k), ("v", v)):
+        out.append(
+            helper.make_node(
+                "KVStore", [x, "kv_slot"], [], name=f"{tag}/store_{kind}", domain=DOMAIN, layer=layer.index,
+                kind=kind,
+            )
+        )  # fmt: skip
+    attn = f"{tag}/attention"
+    out.append(
+        helper.make_node(
+            "PagedAttention", [q, "kv_gather", "kv_start", "kv_len"], [attn], name=attn, domain=DOMAIN,
+            layer=layer.index, kv_heads=nkv, scale=float(scale), block_size=block,
+        )
+    )  # fmt: skip
+    t = add("Transpose", [attn], "out_bsnh", perm=[0, 2, 1, 3])
+    out.append(helper.make_node("Reshape", [t, const("out_shape", [0, 0, nq * h])], [node.output[0]],
+                                name=f"{tag}/out"))  # fmt: skip
+    return out
+
+
+def _gqa_rope(
+    add, cut, const, x: str, cos: str, sin: str, h: int, layer: Layer, interleaved: bool, name: str
+):
+    """RoPE of ``x`` [B, N, S, H] with cos/sin [B, 1, S, R/2] as ONNX Runtime's GQA applies it."""
+    half = int(layer.rope_half)
+    rot = 2 * half
+    xr = cut(x, 0, rot, 3, f"{name}_rot") if rot < h else x
+    if interleaved:
+        x1, x2 = cut(xr, 0, rot, 3, f"{name}_x1", 2), cut(xr, 1, rot, 3, f"{name}_x2", 2)
+    else:
+        x1, x2 = cut(xr, 0, half, 3, f"{name}_x1"), cut(xr, half, rot, 3, f"{name}_x2")
+    o1 = add("Sub", [add("Mul", [x1, cos], f"{name}_a"), add("Mul", [x2, sin], f"{name}_b")], f"{name}_o1")
+    o2 = add("Add", [add("Mul", [x2, cos], f"{name}_c"), add("Mul", [x1, sin], f"{name}_d")], f"{name}_o2")
+    if interleaved:
+        pair = [
+            add("Unsqueeze", [o, const(f"{name}_ax4{i}", [4])], f"{name}_p{i}")
+            for i, o in enumerate((o1, o2))
+        ]
+        pairs = add("Concat", pair, f"{name}_pairs", axis=4)
+        y = add("Reshape", [pairs, const(f"{name}_rs", [0, 0, 0, rot])], f"{name}_rope")
+    else:
+        y = add("Concat", [o1, o2], f"{name}_rope", axis=3)
+    if rot < h:
+        y = add("Concat", [y, cut(x, rot, h, 3, f"{name}_pass")], f"{name}_full", axis=3)
+    return y
 
 
 def past_length_slices(model: onnx.ModelProto, dec: DecoderGraph) -> list[onnx.NodeProto]:

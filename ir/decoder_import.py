@@ -92,7 +92,7 @@ class DecoderBuild:
 @dataclass
 class DecoderModule:
     """``import_decoder``'s result: the module, the META descriptor, what was recognised, and the
-    original graph (for the self-check)."""
+    original graph (for the self-check; MatMulNBits at accuracy_level 0, ``_exact_reference``)."""
 
     module: Module
     decoder: dict[str, Any]
@@ -136,6 +136,8 @@ def import_decoder(
         if dec.positions:
             shapes[dec.positions] = (b, seq)
         part = import_onnx(rewritten, shapes, None, dram_bytes=dram_bytes)
+        if part.attrs.get("import_notes"):
+            module.attrs["import_notes"] = part.attrs["import_notes"]
         fn = part.main
         fn.name = entry
         module.add_function(fn)
@@ -146,7 +148,26 @@ def import_decoder(
             module.host_regs[PREFILL_ROWS_REG] = HostRegDecl(PREFILL_ROWS_REG, 1, rows)
     module.verify()
     decoder = _descriptor(module, dec, build)
-    return DecoderModule(module, decoder, dec, proto, scales)
+    return DecoderModule(module, decoder, dec, _exact_reference(proto), scales)
+
+
+def _exact_reference(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` as the self-check's ONNX Runtime reference: MatMulNBits at accuracy_level 0.
+
+    At level 4 ONNX Runtime's CPU kernel rounds activations to int8 per block, which the import
+    does not model (it multiplies exactly, and says so in an import note); the self-check holds
+    the rewrite to the graph's exact arithmetic, so the reference multiplies exactly too."""
+    nodes = [n for n in proto.graph.node if n.op_type == "MatMulNBits" and n.domain == "com.microsoft"]
+    if not any(a.name == "accuracy_level" and a.i for n in nodes for a in n.attribute):
+        return proto
+    exact = onnx.ModelProto()
+    exact.CopyFrom(proto)
+    for n in exact.graph.node:
+        if n.op_type == "MatMulNBits" and n.domain == "com.microsoft":
+            for a in n.attribute:
+                if a.name == "accuracy_level":
+                    a.i = 0
+    return exact
 
 
 def _check_position_tables(model: onnx.ModelProto, dec: DecoderGraph, build: DecoderBuild) -> None:
@@ -264,6 +285,9 @@ def attention_scales(proto: onnx.ModelProto, dec: DecoderGraph) -> list[float]:
         values.update(run_original(proto, dec, batch=1, past=1, seq=1, extra=pending))
     scales = []
     for layer in dec.layers:
+        if layer.scale is not None:  # an attribute gives it (GroupQueryAttention)
+            scales.append(float(np.float32(layer.scale)))
+            continue
         s = np.float64(1.0)
         for tensor, divides in layer.factors:
             v = np.asarray(values[tensor])

@@ -3,7 +3,8 @@ fixed-dims prefills: the IR interpreter matches ONNX Runtime on a prefill with a
 on a decode step, the prefill's top-1 is ONNX Runtime GenAI's first greedy token, and
 ``mcp-compile --qat-config fp32.yaml --dim ...`` then ``mcpc check`` pass at the fp32 tolerance
 (the int4 model with its MatMulNBits rewritten to accuracy_level 0, where ONNX Runtime multiplies
-exactly; at level 4 it quantizes activations to int8, which mcpc does not model: a compile note).
+exactly; at level 4 it quantizes activations to int8, which mcpc does not model: a compile note);
+``--max-seq`` builds generate ONNX Runtime GenAI's greedy ids on the simulator.
 """
 
 from __future__ import annotations
@@ -113,11 +114,42 @@ def test_accuracy_level_4_compiles_with_a_note(tmp_path):
     assert "note: MatMulNBits accuracy_level=4" in built.output and "(11 nodes" in built.output
 
 
-def test_max_seq_build_refuses_group_query_attention_naming_the_fixed_dims_way(tmp_path):
+@pytest.mark.parametrize("build", ["fp32", "int4"])
+def test_max_seq_build_generates_onnxruntime_genai_greedy_ids(tmp_path, build):
+    """``--max-seq`` (no --dim): the GroupQueryAttention layers become the paged cache (head size read
+    off the weights, positions given by the host); ``sim generate`` reproduces ONNX Runtime GenAI's
+    greedy ids (int4: its MatMulNBits at accuracy_level 4, which ONNX Runtime computes with int8
+    activations and mcpc exactly: the ids agree, the compile says it in a note)."""
+    prog = tmp_path / "p.mcpb"
+    model = HERE / build / "model.onnx"
     built = CliRunner().invoke(
-        cli, ["compile", str(HERE / "fp32" / "model.onnx"), "-c", "fp32.yaml", "--max-seq", "64",
+        cli, ["compile", str(model), "-c", "fp32.yaml", "--max-seq", "64", "-o", str(prog)]
+    )
+    assert built.exit_code == 0, built.output
+    assert "self-check imported" in built.output
+    assert ("note: MatMulNBits accuracy_level=4" in built.output) == (build == "int4")
+    np.save(tmp_path / "ids.npy", np.array(RECORD["builds"][build]["prompt"], np.int64))
+    want = RECORD["builds"][build]["greedy"]
+    gen = CliRunner().invoke(
+        cli, ["sim", "generate", str(prog), "--prompt-ids", str(tmp_path / "ids.npy"), "--max-new-tokens",
+              str(len(want)), "--json", str(tmp_path / "g.json")]
+    )  # fmt: skip
+    assert gen.exit_code == 0, gen.output
+    assert json.loads((tmp_path / "g.json").read_text())["generated_ids"] == want
+
+
+def test_max_seq_build_refuses_what_the_paged_attention_does_not_take(tmp_path):
+    m = onnx.load(str(HERE / "fp32" / "model.onnx"))
+    node = next(n for n in m.graph.node if n.op_type == "GroupQueryAttention")
+    node.attribute.append(onnx.helper.make_attribute("softcap", 30.0))
+    for a in list(node.attribute):
+        if a.name == "softcap" and a.f == 0.0:
+            node.attribute.remove(a)
+    onnx.save(m, tmp_path / "softcap.onnx")
+    built = CliRunner().invoke(
+        cli, ["compile", str(tmp_path / "softcap.onnx"), "-c", "fp32.yaml", "--max-seq", "64",
               "-o", str(tmp_path / "p.mcpb")]
     )  # fmt: skip
     assert built.exit_code == 4, built.output
-    assert "GroupQueryAttention's cache" in built.output and "--dim kv_cache_dim=HEAD_DIM" in built.output
+    assert "GroupQueryAttention" in built.output and "softcap=30" in built.output
     assert not (tmp_path / "p.mcpb").exists()
