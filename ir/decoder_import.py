@@ -148,7 +148,33 @@ def import_decoder(
             module.host_regs[PREFILL_ROWS_REG] = HostRegDecl(PREFILL_ROWS_REG, 1, rows)
     module.verify()
     decoder = _descriptor(module, dec, build)
+    eos = eos_ids(model) if isinstance(model, (str, Path)) else None
+    if eos is not None:
+        decoder["eos_ids"], decoder["eos_source"] = eos
     return DecoderModule(module, decoder, dec, _exact_reference(proto), scales)
+
+
+def eos_ids(model: str | Path) -> tuple[list[int], str] | None:
+    """The end-of-sequence ids of the model at path ``model`` and the file that gives them: ONNX
+    Runtime GenAI's ``genai_config.json`` beside it (``model.eos_token_id``, an int or a list); None
+    when there is none (Hugging Face's generation_config.json is not read here).  InputError for a
+    file that is there but unreadable or whose ids are not token ids."""
+    import json
+
+    f = Path(model).parent / "genai_config.json"
+    if not f.is_file():
+        return None
+    try:
+        cfg = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{f}: cannot read the end-of-sequence ids: {exc}") from None
+    value = cfg.get("model", {}).get("eos_token_id") if isinstance(cfg, dict) else None
+    if value is None:
+        return None
+    ids = value if isinstance(value, list) else [value]
+    if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise InputError(f"{f}: model.eos_token_id is {value!r}, not a token id or a list of them")
+    return [int(i) for i in ids], f.name
 
 
 def _exact_reference(proto: onnx.ModelProto) -> onnx.ModelProto:

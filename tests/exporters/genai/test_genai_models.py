@@ -153,3 +153,27 @@ def test_max_seq_build_refuses_what_the_paged_attention_does_not_take(tmp_path):
     assert built.exit_code == 4, built.output
     assert "GroupQueryAttention" in built.output and "softcap=30" in built.output
     assert not (tmp_path / "p.mcpb").exists()
+
+
+def test_generation_stops_after_an_eos_id_of_genai_config(tmp_path):
+    """The build records genai_config.json's eos_token_id (an int or a list); sim generate stops after
+    emitting one, as ONNX Runtime GenAI's generator does (here an EOS list naming the 5th token)."""
+    want = RECORD["builds"]["fp32"]["greedy"]
+    cfg = json.loads((HERE / "fp32" / "genai_config.json").read_text())
+    cfg["model"]["eos_token_id"] = [999, want[4]]
+    (tmp_path / "genai_config.json").write_text(json.dumps(cfg))
+    (tmp_path / "model.onnx").write_bytes((HERE / "fp32" / "model.onnx").read_bytes())
+    prog = tmp_path / "p.mcpb"
+    compile_args = ["compile", str(tmp_path / "model.onnx"), "-c", "fp32.yaml", "--max-seq", "32", "-o"]
+    built = CliRunner().invoke(cli, [*compile_args, str(prog)])
+    assert built.exit_code == 0, built.output
+    np.save(tmp_path / "ids.npy", np.array(RECORD["builds"]["fp32"]["prompt"], np.int64))
+    gen = CliRunner().invoke(cli, ["sim", "generate", str(prog), "--prompt-ids", str(tmp_path / "ids.npy"),
+                                   "--max-new-tokens", "20", "--json", str(tmp_path / "g.json")])  # fmt: skip
+    assert gen.exit_code == 0, gen.output
+    assert json.loads((tmp_path / "g.json").read_text())["generated_ids"] == want[: want.index(want[4]) + 1]
+    cfg["model"]["eos_token_id"] = "two"
+    (tmp_path / "genai_config.json").write_text(json.dumps(cfg))
+    bad = CliRunner().invoke(cli, [*compile_args, str(tmp_path / "q.mcpb")])
+    assert bad.exit_code == 3, bad.output
+    assert "genai_config.json: model.eos_token_id is 'two'" in bad.output
