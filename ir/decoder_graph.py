@@ -564,12 +564,14 @@ def _attention_nodes(g: GraphIndex, dec: DecoderGraph, scales: list[float], bloc
     gqa = {id(layer.gqa): layer for layer in dec.layers if layer.gqa is not None}
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
+    shared: dict[str, tuple[str, str]] = {}  # RoPE tables gathered at the positions, once per cache
     for node in g.graph.node:
         if id(node) in dropped:
             continue
         if id(node) in gqa:
             layer = gqa[id(node)]
-            nodes += _gqa_nodes(layer, scales[layer.index], block, dec.positions or "position_ids", inits)
+            pos = dec.positions or "position_ids"
+            nodes += _gqa_nodes(g, layer, scales[layer.index], block, pos, inits, shared)
             continue
         layer = replaced.get(id(node))
         if layer is None:
@@ -597,12 +599,19 @@ def _attention_nodes(g: GraphIndex, dec: DecoderGraph, scales: list[float], bloc
     return nodes
 
 
-def _gqa_nodes(layer: Layer, scale: float, block: int, positions: str, inits: list) -> list:
+def _gqa_nodes(
+    g: GraphIndex, layer: Layer, scale: float, block: int, positions: str, inits: list, shared: dict
+) -> list:
     """Standard ONNX nodes and ``mcpc.kv`` nodes for one GroupQueryAttention (``layer.gqa``): Q, K, V
     cut from the packed input (or taken from inputs 0-2) as [batch, heads, seq, head]; RoPE from
     the cos/sin caches gathered at ``positions`` (halves, or pairs when rotary_interleaved; a
     rotary dim below the head size leaves the rest); K and V stored to the cache; the paged
-    attention of Q; the result back to [batch, seq, heads · head] as the node's output 0."""
+    attention of Q; the result back to [batch, seq, heads · head] as the node's output 0.
+
+    Halves RoPE reads tables widened at build time, ``[cos, cos]`` and ``[−sin, sin]`` per position
+    (gathered once for all layers sharing the caches: ``shared``), so that each of Q and K costs two
+    products and one sum over the rotary width: x·cos₂ + swap(x)·sin₂, swap(x) = [x₂, x₁], which is
+    x₁·cos − x₂·sin, x₂·cos + x₁·sin exactly."""
     node = layer.gqa
     ins = list(node.input) + [""] * 12
     tag = f"mcpc_kv/layer{layer.index}"
@@ -636,10 +645,28 @@ def _gqa_nodes(layer: Layer, scale: float, block: int, positions: str, inits: li
     q, k, v = heads_first(q3, nq, "q"), heads_first(k3, nkv, "k"), heads_first(v3, nkv, "v")
     if _attr(node, "do_rotary", 0):
         interleaved = bool(_attr(node, "rotary_interleaved", 0))
-        cos = add("Unsqueeze", [add("Gather", [ins[7], positions], "cos_g"), const("ax1", [1])], "cos")
-        sin = add("Unsqueeze", [add("Gather", [ins[8], positions], "sin_g"), const("ax1b", [1])], "sin")
-        q = _gqa_rope(add, cut, const, q, cos, sin, h, layer, interleaved, "q")
-        k = _gqa_rope(add, cut, const, k, cos, sin, h, layer, interleaved, "k")
+        if interleaved:
+            cos = add("Unsqueeze", [add("Gather", [ins[7], positions], "cos_g"), const("ax1", [1])], "cos")
+            sin = add("Unsqueeze", [add("Gather", [ins[8], positions], "sin_g"), const("ax1b", [1])], "sin")
+            q = _gqa_rope(add, cut, const, q, cos, sin, h, layer, interleaved, "q")
+            k = _gqa_rope(add, cut, const, k, cos, sin, h, layer, interleaved, "k")
+        else:
+            key = f"{ins[7]}|{ins[8]}"
+            if key not in shared:
+                c, sn = g.constant(ins[7]), g.constant(ins[8])
+                tables = []
+                for name, table in (
+                    ("cos2", np.concatenate([c, c], 1)),
+                    ("sin2", np.concatenate([-sn, sn], 1)),
+                ):
+                    full = f"{tag}/{name}_table"
+                    inits.append(numpy_helper.from_array(np.ascontiguousarray(table), full))
+                    gathered = add("Gather", [full, positions], f"{name}_g")
+                    tables.append(add("Unsqueeze", [gathered, const(f"{name}_ax", [1])], name))
+                shared[key] = (tables[0], tables[1])
+            cos2, sin2 = shared[key]
+            q = _gqa_rope_halves(add, cut, q, cos2, sin2, h, layer.rope_half, "q")
+            k = _gqa_rope_halves(add, cut, k, cos2, sin2, h, layer.rope_half, "k")
     for kind, x in (("k", k), ("v", v)):
         out.append(
             helper.make_node(
@@ -660,10 +687,24 @@ def _gqa_nodes(layer: Layer, scale: float, block: int, positions: str, inits: li
     return out
 
 
+def _gqa_rope_halves(add, cut, x: str, cos2: str, sin2: str, h: int, half: int, name: str) -> str:
+    """Halves RoPE of ``x`` [B, N, S, H] with the widened tables [B, 1, S, 2·half] (``_gqa_nodes``)."""
+    rot = 2 * half
+    xr = cut(x, 0, rot, 3, f"{name}_rot") if rot < h else x
+    x1, x2 = cut(xr, 0, half, 3, f"{name}_x1"), cut(xr, half, rot, 3, f"{name}_x2")
+    swap = add("Concat", [x2, x1], f"{name}_sw", axis=3)
+    a, b = add("Mul", [xr, cos2], f"{name}_c"), add("Mul", [swap, sin2], f"{name}_s")
+    y = add("Add", [a, b], f"{name}_rope")
+    if rot < h:
+        y = add("Concat", [y, cut(x, rot, h, 3, f"{name}_pass")], f"{name}_full", axis=3)
+    return y
+
+
 def _gqa_rope(
     add, cut, const, x: str, cos: str, sin: str, h: int, layer: Layer, interleaved: bool, name: str
 ):
-    """RoPE of ``x`` [B, N, S, H] with cos/sin [B, 1, S, R/2] as ONNX Runtime's GQA applies it."""
+    """Interleaved RoPE of ``x`` [B, N, S, H] with cos/sin [B, 1, S, R/2]: the pairs (x[2k], x[2k+1])
+    as ONNX Runtime's GQA rotates them."""
     half = int(layer.rope_half)
     rot = 2 * half
     xr = cut(x, 0, rot, 3, f"{name}_rot") if rot < h else x

@@ -177,3 +177,20 @@ def test_generation_stops_after_an_eos_id_of_genai_config(tmp_path):
     bad = CliRunner().invoke(cli, [*compile_args, str(tmp_path / "q.mcpb")])
     assert bad.exit_code == 3, bad.output
     assert "genai_config.json: model.eos_token_id is 'two'" in bad.output
+
+
+def test_max_seq_build_of_interleaved_rope_passes_the_self_check(tmp_path):
+    """rotary_interleaved=1 (the pairs form): the build's self-check holds every layer's K/V and the
+    logits of a prefill and two decode steps to ONNX Runtime on the original graph (1e-4)."""
+    m = onnx.load(str(HERE / "fp32" / "model.onnx"))
+    for node in m.graph.node:
+        for a in node.attribute:
+            if a.name == "rotary_interleaved":
+                a.i = 1
+    onnx.save(m, tmp_path / "interleaved.onnx")
+    built = CliRunner().invoke(
+        cli, ["compile", str(tmp_path / "interleaved.onnx"), "-c", "fp32.yaml", "--max-seq", "32",
+              "-o", str(tmp_path / "p.mcpb")]
+    )  # fmt: skip
+    assert built.exit_code == 0, built.output
+    assert "self-check imported: logits error" in built.output
