@@ -136,8 +136,8 @@ def _check_caches(ctx, cos, sin, head: int) -> int:
 
 
 def _ms_rotary_embedding(ctx, ins):
-    """com.microsoft RotaryEmbedding: input [B, S, N·H] (with ``num_heads`` or when
-    ``rotary_embedding_dim`` is 0, H = hidden / num_heads) or [B, N, S, H]; position_ids [B, S], or
+    """com.microsoft RotaryEmbedding: input [B, S, N·H] (H = hidden / ``num_heads``; without
+    num_heads, H is the caches' rotary width 2·cos.shape[1]) or [B, N, S, H]; position_ids [B, S], or
     one offset (positions offset..offset+S−1); cos/sin caches [max_pos, R/2].  ``is_packed_batching``
     is refused."""
     if int(ctx.attr("is_packed_batching", 0)):
@@ -151,11 +151,13 @@ def _ms_rotary_embedding(ctx, ins):
         xs = x
     elif len(shape) == 3:
         b, s, hidden = shape
-        if heads <= 0:
-            if rot_dim <= 0:
-                raise ctx.unsupported("a 3-D input needs num_heads (or rotary_embedding_dim)")
+        if heads <= 0:  # as ONNX Runtime: the head size is the caches' rotary width
+            if rot_dim > 0:
+                raise ctx.unsupported("rotary_embedding_dim is given without num_heads")
             heads = hidden // (2 * ctx.shape(cos)[1])
         head = hidden // heads
+        if heads * head != hidden:
+            raise ctx.unsupported(f"hidden size {hidden} is not num_heads ({heads}) times a head size")
         xs = ctx.emit(ops.TransposeOp, [_reshape(ctx, x, [b, s, heads, head])], {"perm": [0, 2, 1, 3]})
     else:
         raise ctx.unsupported(f"input of rank {len(shape)}; 3-D [B, S, hidden] or 4-D [B, N, S, H] expected")

@@ -185,6 +185,12 @@ def _rotary_cases(rng):
             {"num_heads": n},
         ),
         Case(
+            "rope-3d-heads-from-caches",
+            "RotaryEmbedding",
+            [("x", _f(rng, b, s, n * h), False), ("p", pos, False), *caches],
+            {"num_heads": 0, "rotary_embedding_dim": 0},
+        ),
+        Case(
             "rope-4d-interleaved",
             "RotaryEmbedding",
             [("x", _f(rng, b, n, s, h), False), ("p", pos, False), *caches],
