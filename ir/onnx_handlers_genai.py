@@ -1,7 +1,8 @@
 """The ops of ONNX Runtime GenAI's model builder, onto IR ops: ``SimplifiedLayerNormalization``
 (ONNX Runtime registers it in the default domain only, and so do we),
 ``com.microsoft`` ``SkipSimplifiedLayerNormalization``, ``GroupQueryAttention``,
-``RotaryEmbedding`` and ``GatherBlockQuantized``.  Their semantics are ONNX Runtime's CPU kernels
+``RotaryEmbedding``, ``GatherBlockQuantized`` and (the fp16 CPU build's attention)
+``MultiHeadAttention`` without a cache, and ``Tile`` of its mask subgraph.  Their semantics are ONNX Runtime's CPU kernels
 (``docs/ContribOperators.md`` and ``onnxruntime/contrib_ops/cpu/bert/`` of microsoft/onnxruntime);
 every handler has a conformance test against ONNX Runtime (``tests/ir/test_onnx_genai_ops.py``).
 
@@ -413,3 +414,98 @@ def _group_query_attention(ctx, ins):
 
 
 DOMAIN_HANDLERS[_MS, "GroupQueryAttention"] = _group_query_attention
+
+
+# -- MultiHeadAttention --------------------------------------------------------------------------
+_MHA_REFUSED_INPUTS = {4: "key_padding_mask", 6: "past_key", 7: "past_value", 8: "past_sequence_length",
+                       9: "cache_indirection"}  # fmt: skip
+
+
+def _multi_head_attention(ctx, ins):
+    """com.microsoft MultiHeadAttention without a cache (the GenAI builder's fp16 CPU graphs: Q, K, V
+    [B, S|T, N·H], K/V already extended by the past outside): softmax(scale·QKᵀ + attention_bias)·V
+    per head, ``unidirectional`` masking key j > i (S = T only), ``bias`` [3·N·H] added to Q, K, V first.
+    K/V may also be 4-D [B, N, T, H].  Refused, naming the input: key_padding_mask, past_key,
+    past_value, past_sequence_length, cache_indirection, a packed Q (4-D or 5-D query) and the
+    present / qk outputs."""
+    for index, name in _MHA_REFUSED_INPUTS.items():
+        if len(ins) > index and ins[index] is not None:
+            raise ctx.unsupported(f"input {index} ({name}) is not supported")
+    if any(ctx.node.output[1:]):
+        raise ctx.unsupported("outputs 1-3 (present_key, present_value, qk) are not supported")
+    heads = int(ctx.attr("num_heads", 0))
+    q, k, v = ins[0], (ins[1] if len(ins) > 1 else None), (ins[2] if len(ins) > 2 else None)
+    qs = ctx.shape(q)
+    if len(qs) != 3 or k is None or v is None or heads <= 0 or qs[2] % heads:
+        raise ctx.unsupported(
+            f"query {list(qs)} with num_heads={heads}: a 3-D query with separate key and value is supported"
+        )
+    b, s, width = qs
+    h = width // heads
+    bias = ins[3] if len(ins) > 3 else None
+    if bias is not None:
+        if tuple(ctx.shape(bias)) != (3 * width,) or len(ctx.shape(k)) != 3:
+            raise ctx.unsupported(
+                f"bias {list(ctx.shape(bias))} is supported as [3·hidden] with 3-D key/value"
+            )
+        cuts = [{"starts": [i * width], "ends": [(i + 1) * width], "steps": [1]} for i in range(3)]
+        parts = [ctx.emit(ops.SliceOp, [bias], c) for c in cuts]
+        q, k, v = (ctx.emit(ops.AddOp, [t, p]) for t, p in zip((q, k, v), parts, strict=True))
+
+    def heads_first(t, what):
+        sh = ctx.shape(t)
+        if len(sh) == 4 and sh[0] == b and sh[1] == heads and sh[3] == h:
+            return t
+        if len(sh) == 3 and sh[0] == b and sh[2] == width:
+            return _heads_first(ctx, t, b, sh[1], heads, h)
+        raise ctx.unsupported(f"{what} is {list(sh)}; expected [{b}, T, {width}] or [{b}, {heads}, T, {h}]")
+
+    q4, k4, v4 = _heads_first(ctx, q, b, s, heads, h), heads_first(k, "key"), heads_first(v, "value")
+    t = ctx.shape(k4)[2]
+    if ctx.shape(v4)[2] != t:
+        raise ctx.unsupported(f"key has {t} positions, value {ctx.shape(v4)[2]}")
+    scale = float(ctx.attr("scale", 0.0)) or 1.0 / math.sqrt(h)
+    scores = ctx.emit(ops.MatMulOp, [q4, k4], {"trans_b": True})
+    scores = ctx.emit(ops.MulOp, [scores, _scalar(ctx, scale, scores)])
+    ab = ins[5] if len(ins) > 5 else None
+    if ab is not None:
+        if ctx.dtype(ab) != ctx.dtype(scores):
+            raise ctx.unsupported(f"attention_bias is {ctx.dtype(ab)}, the scores {ctx.dtype(scores)}")
+        scores = ctx.emit(ops.AddOp, [scores, ab])  # [B|1, N|1, S, T] broadcasts
+    if int(ctx.attr("unidirectional", 0)):
+        if t != s:  # without a past ONNX Runtime 1.32's CPU kernel masks neither j <= i nor j <= i + T - S
+            raise ctx.unsupported(
+                f"unidirectional=1 with {s} queries over {t} keys (no past) is not supported"
+            )
+        causal = np.arange(t).reshape(1, t) <= np.arange(s).reshape(s, 1)
+        low = _scalar(ctx, np.finfo(ctx.dtype(scores).np_dtype).min, scores)
+        scores = ctx.emit(ops.SelectOp, [causal, scores, low])
+    probs = ctx.emit(ops.SoftmaxOp, [scores], {"axis": -1})
+    out = ctx.emit(ops.MatMulOp, [probs, v4])
+    return [_reshape(ctx, ctx.emit(ops.TransposeOp, [out], {"perm": [0, 2, 1, 3]}), [b, s, width])]
+
+
+DOMAIN_HANDLERS[_MS, "MultiHeadAttention"] = _multi_head_attention
+
+
+# -- Tile (the GenAI builder's fp16 attention-mask subgraph) --------------------------------------
+def _tile(ctx, ins):
+    """ONNX Tile with constant ``repeats``: x [d0, d1, …] as [1, d0, 1, d1, …] broadcast to
+    [r0, d0, r1, d1, …] and flattened to [r0·d0, r1·d1, …] (row-major: element x[i mod d])."""
+    x = ins[0]
+    reps = ctx.ints(ins[1], "repeats")
+    shape = list(ctx.shape(x))
+    if len(reps) != len(shape) or any(r < 0 for r in reps):
+        raise ctx.unsupported(f"repeats {reps} do not give one count >= 0 per dim of {shape}")
+    if all(r == 1 for r in reps):
+        return [x]
+    lifted = _reshape(ctx, x, [d for dim in shape for d in (1, dim)])
+    wide = ctx.emit(
+        ops.BroadcastOp,
+        [lifted],
+        {"shape": [d for r, dim in zip(reps, shape, strict=True) for d in (r, dim)]},
+    )
+    return [_reshape(ctx, wide, [r * dim for r, dim in zip(reps, shape, strict=True)])]
+
+
+HANDLERS.setdefault("Tile", _tile)  # a default-domain op: a handler registered elsewhere wins

@@ -414,3 +414,57 @@ def test_matmul_nbits_accuracy_level_4_is_noted_and_computed_exactly():
     level0, _ = _nbits_case(np.random.default_rng(11), 0)
     assert _err(_reference(level0)[1]["y0"], exact) <= 1e-6
     assert "import_notes" not in import_onnx(_reference(level0)[0]).attrs
+
+
+def _mha(rng, id, *, b=2, s=3, t=5, n=4, h=8, bias=False, ab=None, kv4=False, attrs=None):
+    """A MultiHeadAttention case: Q [B, S, N·H], K/V [B, T, N·H] (or [B, N, T, H]), an optional bias
+    [3·N·H] and attention_bias of shape ``ab``."""
+    kv = (b, n, t, h) if kv4 else (b, t, n * h)
+    ins = [("q", _f(rng, b, s, n * h), False), ("k", _f(rng, *kv), False), ("v", _f(rng, *kv), False)]
+    ins.append(("bias", _f(rng, 3 * n * h), True) if bias else "")
+    ins.append("")
+    if ab is not None:
+        ins.append(("ab", _f(rng, *ab, scale=2.0), False))
+    return Case(id, "MultiHeadAttention", ins, {"num_heads": n, **(attrs or {})})
+
+
+_MHA_CASES = [
+    _mha(np.random.default_rng(1), "mha-plain"),
+    _mha(np.random.default_rng(2), "mha-bias-scale", bias=True, attrs={"scale": 0.2}),
+    _mha(np.random.default_rng(3), "mha-attention-bias", ab=(2, 4, 3, 5)),
+    _mha(np.random.default_rng(4), "mha-attention-bias-broadcast", ab=(1, 1, 3, 5)),
+    _mha(np.random.default_rng(5), "mha-unidirectional", s=4, t=4, attrs={"unidirectional": 1}),
+    _mha(np.random.default_rng(6), "mha-kv-bnsh", kv4=True),
+]
+
+
+@pytest.mark.parametrize("case", _MHA_CASES, ids=lambda c: c.id)
+def test_multi_head_attention_matches_onnxruntime(case):
+    model, ref = _reference(case)
+    got = interpret(import_onnx(model), case.feed())
+    assert _err(got["y0"], ref["y0"]) <= TOL, case.id
+
+
+def test_multi_head_attention_compiled_fp32(tmp_path):
+    case = _MHA_CASES[2]
+    sim, _, ref, _ = compile_and_run(tmp_path, _reference(case)[0], case.feed())
+    assert _err(sim["y0"], ref["y0"]) <= 1e-4
+
+
+def test_multi_head_attention_refuses_unidirectional_over_more_keys():
+    case = _mha(np.random.default_rng(0), "x", s=3, t=5, attrs={"unidirectional": 1})
+    with pytest.raises(
+        UnsupportedError, match=r"MultiHeadAttention.*unidirectional=1 with 3 queries over 5 keys"
+    ):
+        import_onnx(case.model({"y0": [2, 3, 32]}))
+
+
+@pytest.mark.parametrize("repeats", [[1, 4, 1, 1], [2, 1, 3], [1, 1, 1]])
+def test_tile_matches_onnxruntime(repeats):
+    rng = np.random.default_rng(3)
+    x = _f(rng, *([2, 1, 3, 5] if len(repeats) == 4 else [2, 3, 4]))
+    case = Case(
+        "tile", "Tile", [("x", x, False), ("r", np.array(repeats, np.int64), True)], domain="", opset=17
+    )
+    model, ref = _reference(case)
+    assert np.array_equal(np.asarray(interpret(import_onnx(model), case.feed())["y0"]), ref["y0"])

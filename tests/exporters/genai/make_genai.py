@@ -11,8 +11,9 @@ GenAI's model builder, CPU execution provider, twice::
     python -m onnxruntime_genai.models.builder -i HF -o OUT -p fp32 -e cpu
     python -m onnxruntime_genai.models.builder -i HF -o OUT -p int4 -e cpu
 
-Each build's ``model.onnx`` (re-saved with its weights inline: one file) and ``genai_config.json``
-go to ``fp32/`` and ``int4/`` beside this script.  ``genai.json`` records, per build, a prompt and
+and ``-p fp16`` (MultiHeadAttention and RotaryEmbedding instead of GroupQueryAttention).  Each
+build's ``model.onnx`` (re-saved with its weights inline: one file) and ``genai_config.json`` go to
+``fp32/``, ``int4/`` and ``fp16/`` beside this script.  ``genai.json`` records, per build, a prompt and
 ONNX Runtime GenAI's own greedy continuation of it (``og.Generator``, ``do_sample`` false), the
 same continuation from a plain ONNX Runtime loop (prefill with an empty past, then one token per
 step, present fed back as past; the script fails when the two differ), the smallest top-1 margin
@@ -42,7 +43,7 @@ INIT_STD = 0.25
 VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, MAX_POS = 384, 64, 2, 4, 2, 512
 BOS, EOS = 1, 2
 PROMPT_LEN, NEW_TOKENS, PROMPT_CANDIDATES = 11, 20, 12
-PRECISIONS = ("fp32", "int4")
+PRECISIONS = ("fp32", "int4", "fp16")
 HERE = Path(__file__).resolve().parent
 
 
@@ -115,9 +116,11 @@ def ort_greedy(path: Path, prompt: list[int], new: int) -> tuple[list[int], list
     import onnxruntime as ort
 
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    past_names = [i.name for i in sess.get_inputs() if i.name.startswith("past_key_values.")]
+    ins = {i.name: i for i in sess.get_inputs()}
+    past_names = [n for n in ins if n.startswith("past_key_values.")]
     head_dim = HIDDEN // HEADS
-    past = {n: np.zeros((1, KV_HEADS, 0, head_dim), np.float32) for n in past_names}
+    kv_dtype = np.float16 if ins[past_names[0]].type == "tensor(float16)" else np.float32
+    past = {n: np.zeros((1, KV_HEADS, 0, head_dim), kv_dtype) for n in past_names}
     ids, out, margins, total = list(prompt), [], [], 0
     outs = [o.name for o in sess.get_outputs()]
     for _ in range(new):
@@ -127,6 +130,8 @@ def ort_greedy(path: Path, prompt: list[int], new: int) -> tuple[list[int], list
             "attention_mask": np.ones((1, total), np.int64),
             **past,
         }
+        if "position_ids" in ins:  # the fp16 CPU build (MultiHeadAttention + RotaryEmbedding) has them
+            feed["position_ids"] = np.arange(total - len(ids), total, dtype=np.int64)[None]
         res = dict(zip(outs, sess.run(None, feed), strict=True))
         last = res["logits"][0, -1]
         top = np.sort(last)[-2:]
@@ -141,6 +146,39 @@ def ort_greedy(path: Path, prompt: list[int], new: int) -> tuple[list[int], list
 
 
 _RECORDED_ATTRS = ("GroupQueryAttention", "MatMulNBits", "GatherBlockQuantized")
+
+
+def fp16_record(built: Path, path: Path, fp32: dict) -> dict:
+    """The fp16 build's record: ONNX Runtime's prefill top-1 ids of the fp32 build's prompt, and
+    why there is no greedy continuation (ONNX Runtime GenAI 0.18.0 and a plain ONNX Runtime 1.32
+    session both fail the decode step of this CPU fp16 graph: its repeat_kv value_info names the
+    total length 'sequence_length'); the error is recorded as raised."""
+    import onnxruntime as ort
+
+    prompt = fp32["prompt"]
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feed = {
+        "input_ids": np.array([prompt], np.int64),
+        "attention_mask": np.ones((1, len(prompt)), np.int64),
+        "position_ids": np.arange(len(prompt), dtype=np.int64)[None],
+    }
+    for i in sess.get_inputs():
+        if i.name.startswith("past_key_values."):
+            feed[i.name] = np.zeros((1, KV_HEADS, 0, HIDDEN // HEADS), np.float16)
+    logits = sess.run(["logits"], feed)[0]
+    try:
+        og_greedy(built, prompt, NEW_TOKENS)
+        failure = None
+    except Exception as e:  # noqa: BLE001 - recorded, not raised: the fixture is a prefill
+        failure = str(e).splitlines()[0][:400]
+    return {
+        "prompt": prompt,
+        "prefill_top1": [int(t) for t in logits[0].argmax(-1)],
+        "greedy": None,
+        "greedy_failure": failure,
+        "genai_config": json.loads((built / "genai_config.json").read_text()),
+        **graph_record(path),
+    }
 
 
 def graph_record(path: Path) -> dict:
@@ -188,7 +226,9 @@ def write_readme(record: dict) -> None:
         "Reproduce with `$(tests/exporters/venv.sh genai) tests/exporters/genai/make_genai.py`.",
         "",
         "`genai.json` holds each build's prompt, ONNX Runtime GenAI's greedy continuation (equal to a",
-        "plain ONNX Runtime loop's), the inputs/outputs with their dims and the op types.",
+        "plain ONNX Runtime loop's), the inputs/outputs with their dims and the op types. The fp16 CPU",
+        "build (MultiHeadAttention, RotaryEmbedding) is a prefill fixture: ONNX Runtime GenAI 0.18.0",
+        "fails its decode step (`greedy_failure`), so only ONNX Runtime's prefill top-1 ids are recorded.",
         "",
         "| build | file | KiB | greedy distinct | min top-1 margin | op types (count) |",
         "|---|---|---|---|---|---|",
@@ -196,6 +236,9 @@ def write_readme(record: dict) -> None:
     for p, b in record["builds"].items():
         size = (HERE / p / "model.onnx").stat().st_size / 1024
         ops_ = ", ".join(f"{k} {c}" for k, c in b["op_types"].items())
+        if b["greedy"] is None:  # fp16: a prefill fixture (see genai.json greedy_failure)
+            lines.append(f"| {p} | `{p}/model.onnx` | {size:.0f} | none: decode fails in ORT | - | {ops_} |")
+            continue
         lines.append(
             f"| {p} | `{p}/model.onnx` | {size:.0f} | {len(set(b['greedy']))} of {len(b['greedy'])} "
             f"| {b['min_margin']:.3f} | {ops_} |"
@@ -221,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
             single_file(built / "model.onnx", dst / "model.onnx")
             shutil.copy(built / "genai_config.json", dst / "genai_config.json")
             os.chmod(dst / "model.onnx", 0o644)
+            if precision == "fp16":
+                record["builds"][precision] = fp16_record(built, dst / "model.onnx", record["builds"]["fp32"])
+                continue
             rng = np.random.default_rng(SEED + PRECISIONS.index(precision))
             best = None
             for _ in range(PROMPT_CANDIDATES):

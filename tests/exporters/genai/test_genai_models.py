@@ -194,3 +194,24 @@ def test_max_seq_build_of_interleaved_rope_passes_the_self_check(tmp_path):
     )  # fmt: skip
     assert built.exit_code == 0, built.output
     assert "self-check imported: logits error" in built.output
+
+
+def test_fp16_build_prefill_compiles_and_passes_mcpc_check(tmp_path):
+    """The builder's fp16 CPU graph (MultiHeadAttention over repeat_kv'd K/V, RotaryEmbedding with
+    position_ids, a Tile in the mask subgraph) as a fixed-dims prefill with fp16.yaml: the
+    interpreter's top-1 ids are ONNX Runtime's, and mcpc check passes at the fp16 tolerance."""
+    path, rec = HERE / "fp16" / "model.onnx", RECORD["builds"]["fp16"]
+    feed = _feed(rec["prompt"])
+    feed["position_ids"] = np.arange(len(rec["prompt"]), dtype=np.int64)[None]
+    for name in feed:
+        if name.startswith("past_key_values."):
+            feed[name] = feed[name].astype(np.float16)
+    got = interpret(import_onnx(path, dims=_dims(len(rec["prompt"]), 0)), feed)
+    assert [int(t) for t in np.asarray(got["logits"])[0].argmax(-1)] == rec["prefill_top1"]
+    np.savez(tmp_path / "in.npz", **feed)
+    dims = [x for k, v in _dims(len(rec["prompt"]), 0).items() for x in ("--dim", f"{k}={v}")]
+    prog = tmp_path / "p.mcpb"
+    built = CliRunner().invoke(cli, ["compile", str(path), "-c", "fp16.yaml", *dims, "-o", str(prog)])
+    assert built.exit_code == 0, built.output
+    checked = CliRunner().invoke(cli, ["check", str(path), str(prog), "--inputs", str(tmp_path / "in.npz")])
+    assert checked.exit_code == 0, checked.output
