@@ -63,6 +63,7 @@ class Layer:
     gqa: onnx.NodeProto | None = None  # com.microsoft GroupQueryAttention owning the cache (ORT GenAI)
     scale: float | None = None  # the attention scale when an attribute gives it (GQA)
     rope_half: int = 0  # GQA: angles per position in cos_cache (the rotary dim / 2)
+    mha: onnx.NodeProto | None = None  # com.microsoft MultiHeadAttention reading the present K/V
 
 
 @dataclass
@@ -205,7 +206,8 @@ def recognise(model: onnx.ModelProto) -> DecoderGraph:
             continue
         for kind in ("key", "value"):
             _match_concat(g, layer, kind)
-        _match_attention(g, layer)
+        if not _match_mha(g, layer):
+            _match_attention(g, layer)
     rest = [o.name for o in g.graph.output if o.name not in expected]
     if len(rest) != 1:
         raise g.refuse(
@@ -242,6 +244,10 @@ def _match_concat(g: GraphIndex, layer: Layer, kind: str) -> None:
             "[batch, kv_heads, seq, head_dim] extended along axis 2"
         )
     dims = _static_dims(vi)
+    if isinstance(dims[1], int) and dims[1] > 0 and not isinstance(dims[3], int):
+        width = _width(g, _through_heads(g, node.input[1]), 0)  # e.g. the GenAI builder's 'kv_cache_dim'
+        if width is not None and width % dims[1] == 0:
+            dims[3] = width // dims[1]
     if not isinstance(dims[1], int) or not isinstance(dims[3], int) or dims[1] < 1 or dims[3] < 1:
         raise g.refuse(
             f"input '{past}' has dims {dims}: its heads (axis 1) and head_dim (axis 3) must be fixed"
@@ -329,6 +335,79 @@ def _width(g: GraphIndex, name: str, depth: int) -> int | None:
             if found is not None:
                 return found
     return None
+
+
+def _through_heads(g: GraphIndex, name: str) -> str:
+    """Back from the new K/V [B, N, S, H] through the head split (Transpose, Reshape), RoPE
+    (com.microsoft RotaryEmbedding, input 0) and casts to the projection's [B, S, N·H] output."""
+    for _ in range(8):
+        node = g.producer.get(name)
+        if node is None:
+            return name
+        if node.op_type in ("Transpose", "Reshape", "Cast", "Identity") or (
+            node.op_type == "RotaryEmbedding" and node.domain == "com.microsoft"
+        ):
+            name = node.input[0]
+        else:
+            return name
+    return name
+
+
+_MHA_UNTAKEN_INPUTS = {3: "bias", 4: "key_padding_mask", 6: "past_key", 7: "past_value",
+                       8: "past_sequence_length", 9: "cache_indirection"}  # fmt: skip
+
+
+def _to_present(g: GraphIndex, name: str, present: str) -> bool:
+    """``name`` is ``present`` repeated for the query heads and laid out for an attention op:
+    reached back through Reshape, Transpose, Expand, Unsqueeze, Identity and Cast alone."""
+    for _ in range(16):
+        if name == present:
+            return True
+        node = g.producer.get(name)
+        if node is None or node.op_type not in (
+            "Reshape",
+            "Transpose",
+            "Expand",
+            "Unsqueeze",
+            "Identity",
+            "Cast",
+        ):
+            return False
+        name = node.input[0]
+    return False
+
+
+def _match_mha(g: GraphIndex, layer: Layer) -> bool:
+    """True when a com.microsoft MultiHeadAttention reads the layer's present K and V (repeated for
+    the query heads through repeat_kv's Reshape/Expand/Transpose) as its key and value: the ONNX
+    Runtime GenAI builder's fp16 CPU graphs.  Its mask (attention_bias, built from
+    attention_mask) is left to the paged cache's causal lengths and held by the self-check."""
+    pk, pv = layer.present["key"], layer.present["value"]
+    found = [
+        n for n in g.graph.node
+        if n.op_type == "MultiHeadAttention" and n.domain == "com.microsoft" and len(n.input) > 2
+        and _to_present(g, n.input[1], pk) and _to_present(g, n.input[2], pv)
+    ]  # fmt: skip
+    if not found:
+        return False
+    if len(found) != 1:
+        raise g.refuse(f"layer {layer.index}: {len(found)} MultiHeadAttention nodes read '{pk}'")
+    node = found[0]
+    ins = list(node.input) + [""] * 10
+    for index, what in _MHA_UNTAKEN_INPUTS.items():
+        if ins[index]:
+            raise g.refuse(f"{g.name(node)}: input {index} ({what}) is not taken by the paged attention")
+    if any(node.output[1:]):
+        raise g.refuse(f"{g.name(node)}: outputs 1-3 (present, qk) are not taken by the paged attention")
+    heads = int(_attr(node, "num_heads", 0))
+    if heads <= 0 or heads % layer.kv_heads:
+        raise g.refuse(
+            f"{g.name(node)}: num_heads={heads} is not a multiple of the {layer.kv_heads} KV heads"
+        )
+    layer.mha, layer.q_heads, layer.q = node, heads, ins[0]
+    scale = float(_attr(node, "scale", 0.0))
+    layer.scale = scale if scale else float(1.0 / np.sqrt(layer.head_dim))
+    return True
 
 
 def _walk_to_cache(g: GraphIndex, name: str, present: str, factors: list | None) -> tuple[int, bool] | None:
@@ -559,7 +638,8 @@ def rewrite(
 def _attention_nodes(g: GraphIndex, dec: DecoderGraph, scales: list[float], block: int) -> list:
     """The graph's nodes with each layer's Concat pair dropped and its V matmul replaced by the
     KV stores and the paged attention."""
-    replaced = {id(layer.pv): layer for layer in dec.layers if layer.gqa is None}
+    replaced = {id(layer.pv): layer for layer in dec.layers if layer.pv is not None}
+    replaced.update({id(layer.mha): layer for layer in dec.layers if layer.mha is not None})
     dropped = {id(layer.concat[k]) for layer in dec.layers if layer.gqa is None for k in ("key", "value")}
     gqa = {id(layer.gqa): layer for layer in dec.layers if layer.gqa is not None}
     nodes: list[onnx.NodeProto] = []
@@ -578,6 +658,18 @@ def _attention_nodes(g: GraphIndex, dec: DecoderGraph, scales: list[float], bloc
             nodes.append(node)
             continue
         tag = f"mcpc_kv/layer{layer.index}"
+        q, attn_out = layer.q, node.output[0]
+        if layer.mha is not None:  # [B, S, Nq·H] in and out
+            nq, h = layer.q_heads, layer.head_dim
+            shape_in, shape_out = f"{tag}/q_shape", f"{tag}/out_shape"
+            inits.append(numpy_helper.from_array(np.array([0, 0, nq, h], np.int64), shape_in))
+            inits.append(numpy_helper.from_array(np.array([0, 0, nq * h], np.int64), shape_out))
+            nodes.append(
+                helper.make_node("Reshape", [layer.q, shape_in], [f"{tag}/q_bsnh"], name=f"{tag}/q_bsnh")
+            )
+            nodes.append(helper.make_node("Transpose", [f"{tag}/q_bsnh"], [f"{tag}/q"], name=f"{tag}/q",
+                                          perm=[0, 2, 1, 3]))  # fmt: skip
+            q, attn_out = f"{tag}/q", f"{tag}/attention"
         for kind, short in (("key", "k"), ("value", "v")):
             nodes.append(
                 helper.make_node(
@@ -587,11 +679,16 @@ def _attention_nodes(g: GraphIndex, dec: DecoderGraph, scales: list[float], bloc
             )  # fmt: skip
         nodes.append(
             helper.make_node(
-                "PagedAttention", [layer.q, "kv_gather", "kv_start", "kv_len"], [node.output[0]],
+                "PagedAttention", [q, "kv_gather", "kv_start", "kv_len"], [attn_out],
                 name=f"{tag}/attention", domain=DOMAIN, layer=layer.index, kv_heads=layer.kv_heads,
                 scale=float(scales[layer.index]), block_size=block,
             )
         )  # fmt: skip
+        if layer.mha is not None:
+            back = f"{tag}/out_bsnh"
+            nodes.append(helper.make_node("Transpose", [attn_out], [back], name=back, perm=[0, 2, 1, 3]))
+            out_shape = f"{tag}/out_shape"
+            nodes.append(helper.make_node("Reshape", [back, out_shape], [node.output[0]], name=f"{tag}/out"))
     if inits:  # constants of the GQA replacements, as Constant nodes ahead of everything
         nodes = [
             helper.make_node("Constant", [], [t.name], name=f"{t.name}/const", value=t) for t in inits

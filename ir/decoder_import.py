@@ -178,16 +178,22 @@ def eos_ids(model: str | Path) -> tuple[list[int], str] | None:
 
 
 def _exact_reference(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """``proto`` as the self-check's ONNX Runtime reference: MatMulNBits at accuracy_level 0.
+    """``proto`` as the self-check's ONNX Runtime reference: MatMulNBits at accuracy_level 0, no
+    value_info.
 
     At level 4 ONNX Runtime's CPU kernel rounds activations to int8 per block, which the import
     does not model (it multiplies exactly, and says so in an import note); the self-check holds
     the rewrite to the graph's exact arithmetic, so the reference multiplies exactly too."""
     nodes = [n for n in proto.graph.node if n.op_type == "MatMulNBits" and n.domain == "com.microsoft"]
-    if not any(a.name == "accuracy_level" and a.i for n in nodes for a in n.attribute):
+    if not any(a.name == "accuracy_level" and a.i for n in nodes for a in n.attribute) and not len(
+        proto.graph.value_info
+    ):
         return proto
     exact = onnx.ModelProto()
     exact.CopyFrom(proto)
+    # exporter value_info may hold stale symbolic dims (the GenAI builder's fp16 graph names its
+    # repeated K/V 'sequence_length', which makes ONNX Runtime fail a decode step): dropped
+    del exact.graph.value_info[:]
     for n in exact.graph.node:
         if n.op_type == "MatMulNBits" and n.domain == "com.microsoft":
             for a in n.attribute:

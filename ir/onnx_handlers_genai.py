@@ -2,8 +2,9 @@
 (ONNX Runtime registers it in the default domain only, and so do we),
 ``com.microsoft`` ``SkipSimplifiedLayerNormalization``, ``GroupQueryAttention``,
 ``RotaryEmbedding``, ``GatherBlockQuantized`` and (the fp16 CPU build's attention)
-``MultiHeadAttention`` without a cache, and ``Tile`` of its mask subgraph.  Their semantics are ONNX Runtime's CPU kernels
-(``docs/ContribOperators.md`` and ``onnxruntime/contrib_ops/cpu/bert/`` of microsoft/onnxruntime);
+``MultiHeadAttention`` without a cache, and ``Tile`` of its mask subgraph.  Their semantics are
+ONNX Runtime's CPU kernels (``docs/ContribOperators.md`` and ``onnxruntime/contrib_ops/cpu/bert/``
+of microsoft/onnxruntime);
 every handler has a conformance test against ONNX Runtime (``tests/ir/test_onnx_genai_ops.py``).
 
 ``GroupQueryAttention`` (GQA) is expressed with plain IR ops: Q/K/V cut from the packed input,
