@@ -120,6 +120,41 @@ def _rotate(ctx, x, cos, sin, interleaved: bool):
     return out
 
 
+def _rope(ctx, xs: list, cos, sin, pos, interleaved: bool) -> list:
+    """RoPE of each of ``xs`` [B, N, S, H] at positions ``pos`` [B', S] from the caches [P, R/2].
+
+    Halves with constant caches (the builders' case) read tables widened at import, [cos, cos] and
+    [−sin, sin], gathered once for all of ``xs``: x·cos₂ + [x₂, x₁]·sin₂ over the rotary width,
+    equal to ``_rotate``'s x₁·cos − x₂·sin, x₂·cos + x₁·sin bit for bit (a − b is a + (−b)) with two
+    products a tensor instead of four.  Otherwise ``_rotate``."""
+    if interleaved or not (isinstance(cos, np.ndarray) and isinstance(sin, np.ndarray)):
+        c, sn = _angles(ctx, cos, sin, pos)
+        return [_rotate(ctx, x, c, sn, interleaved) for x in xs]
+    half = cos.shape[1]
+    rot = 2 * half
+    c2, s2 = _angles(ctx, np.concatenate([cos, cos], 1), np.concatenate([-sin, sin], 1), pos)
+    out = []
+    for x in xs:
+        head = ctx.shape(x)[-1]
+        xr = _cut_last(ctx, x, 0, rot) if rot < head else x
+        swap = ctx.emit(
+            ops.ConcatOp, [_cut_last(ctx, xr, half, rot), _cut_last(ctx, xr, 0, half)], {"axis": -1}
+        )
+        y = ctx.emit(ops.AddOp, [ctx.emit(ops.MulOp, [xr, c2]), ctx.emit(ops.MulOp, [swap, s2])])
+        if rot < head:
+            y = ctx.emit(ops.ConcatOp, [y, _cut_last(ctx, x, rot, head)], {"axis": -1})
+        out.append(y)
+    return out
+
+
+def _cut_last(ctx, t, lo: int, hi: int):
+    """``t[..., lo:hi]``."""
+    s = ctx.shape(t)
+    starts, ends = [0] * len(s), list(s)
+    starts[-1], ends[-1] = lo, hi
+    return ctx.emit(ops.SliceOp, [t], {"starts": starts, "ends": ends, "steps": [1] * len(s)})
+
+
 def _angles(ctx, cos, sin, pos):
     """cos/sin caches gathered at ``pos`` [B', S] as [B', 1, S, R/2] (broadcast over heads)."""
     shape = [ctx.shape(pos)[0], 1, ctx.shape(pos)[1], ctx.shape(cos)[1]]
@@ -171,8 +206,7 @@ def _ms_rotary_embedding(ctx, ins):
     if math.prod(ctx.shape(pos)) == 1 and ctx.shape(pos) != (b, s):
         pos = ctx.emit(ops.AddOp, [_reshape(ctx, pos, [1, 1]), np.arange(s, dtype=np.int64).reshape(1, s)])
     pos = _reshape(ctx, pos, [b if ctx.shape(pos)[0] == b else 1, s])
-    c, sn = _angles(ctx, cos, sin, pos)
-    y = _rotate(ctx, xs, c, sn, interleaved)
+    (y,) = _rope(ctx, [xs], cos, sin, pos, interleaved)
     if len(shape) == 3:
         y = _reshape(ctx, ctx.emit(ops.TransposeOp, [y], {"perm": [0, 2, 1, 3]}), shape)
     return [y]
@@ -381,9 +415,7 @@ def _group_query_attention(ctx, ins):
         if cos is None or sin is None:
             raise ctx.unsupported("do_rotary=1 needs inputs 7 (cos_cache) and 8 (sin_cache)")
         _check_caches(ctx, cos, sin, h)
-        c, sn = _angles(ctx, cos, sin, pos)
-        q = _rotate(ctx, q, c, sn, a["interleaved"])
-        k = _rotate(ctx, k, c, sn, a["interleaved"])
+        q, k = _rope(ctx, [q, k], cos, sin, pos, a["interleaved"])
     present_k = _present(ctx, past_k, k, past_rows, rows, first)
     present_v = _present(ctx, past_v, v, past_rows, rows, first)
     groups = nq // nkv
