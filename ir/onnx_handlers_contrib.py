@@ -240,6 +240,13 @@ def _ms_multi_head_attention(ctx, ins):
         raise ctx.unsupported("past_key and past_value must be given together")
     batch, seq = qs[0], qs[1]
     bnsh = len(ctx.shape(k)) == 4
+    keys = ctx.shape(k)[2 if bnsh else 1]
+    if int(ctx.attr("unidirectional", 0)) and past_k is None and keys != seq:
+        # without a past ONNX Runtime 1.32's CPU kernel then masks neither j <= i nor j <= i + T - S
+        # (measured); with a past it is the offset causal mask _attend applies (tested)
+        raise ctx.unsupported(
+            f"unidirectional=1 with {seq} queries over {keys} keys (no past) is not supported"
+        )
     if bias is not None:
         if bnsh:
             raise ctx.unsupported("bias with key/value already split into heads is not supported")

@@ -3,8 +3,10 @@
 ``import_onnx(model, shapes, dims)`` assumes an ONNX model of default-domain opset 13–28 and
 guarantees a ``Module`` that verifies, or one of these errors:
 
-* ``InputError`` — unreadable/truncated file, checker failure, input dims still symbolic after
-  binding (all of them at once, where each is used, and the ``--dim`` line that binds them).
+* ``InputError`` — unreadable/truncated file, checker failure (ops ONNX Runtime registers in the
+  default domain that the importer handles, ``ORT_DEFAULT_DOMAIN_OPS``, are not failures), input
+  dims still symbolic after binding (all of them at once, where each is used, and the ``--dim``
+  line that binds them).
 * ``UsageError`` — a binding wrong in itself (unknown input or dim name, negative size, rank or
   fixed dim contradicted, a 0 emptying an input that cannot be empty), listing the model's dims.
 * ``DoesNotFit`` — with ``dram_bytes``, inputs larger than the target's DRAM; an import-time
@@ -38,6 +40,7 @@ from mcpc.ir.core import Function, Module, Operation, Value
 from mcpc.ir.dtypes import I32, I64, DType, dtype_from_numpy
 from mcpc.ir.interpreter import evaluate_op
 from mcpc.ir.onnx_handlers import DOMAIN_HANDLERS, HANDLERS, onnx_dtype
+from mcpc.ir.onnx_handlers_genai import ORT_DEFAULT_DOMAIN_OPS
 from mcpc.ir.onnx_shapes import _graph_inputs, _onnx_shapes, bind_input_shapes
 from mcpc.ir.onnx_support import DEFAULT_DOMAINS as _DEFAULT_DOMAINS
 from mcpc.ir.onnx_support import check_supported, unsupported_reason  # noqa: F401  (re-exported)
@@ -76,7 +79,9 @@ def import_onnx(
         # by path when there is one: the checker then handles external data and models over 2 GB
         onnx.checker.check_model(label if isinstance(model, (str, Path)) else proto)
     except Exception as e:  # ValidationError, or a protobuf problem
-        raise InputError(f"{label}: not a valid ONNX model: {_first_line(e)}") from None
+        remaining = _recheck_without_ort_ops(proto, e)
+        if remaining is not None:
+            raise InputError(f"{label}: not a valid ONNX model: {_first_line(remaining)}") from None
     opset = default_opset(proto, label)
     if proto.functions:
         proto = onnx.inliner.inline_local_functions(proto)
@@ -106,6 +111,38 @@ def _check_inputs_fit(graph, label: str, bound: dict[str, tuple[int, ...]], dram
             "DRAM",
             "dram.size_bytes",
         )
+
+
+def _recheck_without_ort_ops(proto: onnx.ModelProto, error: Exception) -> Exception | None:
+    """The checker's complaint about ``proto`` once the ops ONNX Runtime registers in the default
+    domain and the importer handles (``ORT_DEFAULT_DOMAIN_OPS``, e.g. the GenAI builder's
+    ``SimplifiedLayerNormalization``) are forgiven; None when nothing else is wrong.
+
+    When ``error`` is "No Op registered for" one of them, the model is checked again with those
+    nodes moved to ``com.microsoft`` for the check only (restored after), so every other rule
+    still applies; otherwise ``error`` itself is returned."""
+    if "No Op registered for" not in str(error):
+        return error
+    moved = [
+        n for n in proto.graph.node if n.domain in _DEFAULT_DOMAINS and n.op_type in ORT_DEFAULT_DOMAIN_OPS
+    ]
+    if not moved:
+        return error
+    added = None
+    if not any(o.domain == "com.microsoft" for o in proto.opset_import):
+        added = proto.opset_import.add(domain="com.microsoft", version=1)
+    try:
+        for n in moved:
+            n.domain = "com.microsoft"
+        onnx.checker.check_model(proto)
+        return None
+    except Exception as e:  # another problem (or a model too large to check in memory)
+        return e
+    finally:
+        for n in moved:
+            n.domain = ""
+        if added is not None:
+            proto.opset_import.remove(added)
 
 
 def _first_line(e: Exception) -> str:
@@ -164,6 +201,7 @@ class _Importer:
         self.node: onnx.NodeProto | None = None
         self.loc: str | None = None
         self.attrs: dict = {}
+        self._notes: dict[str, list[str]] = {}  # note -> the nodes it is about (``note``)
 
     # -- driver -----------------------------------------------------------------------------
     def run(self) -> Module:
@@ -182,6 +220,11 @@ class _Importer:
         for index, node in enumerate(self.graph.node):
             self._convert(node, index)
         self._return()
+        if self._notes:
+            self.module.attrs["import_notes"] = [
+                f"{text} ({len(locs)} node{'s' if len(locs) > 1 else ''}, first '{locs[0]}')"
+                for text, locs in self._notes.items()
+            ]
         try:
             self.module.verify()
         except McpcError as e:
@@ -259,6 +302,12 @@ class _Importer:
         if self.node is None:
             return f"{self.label}: output '{self.loc}'"
         return f"{self.label}: node '{self.loc}' (op_type {self.node.op_type}, opset {self.opset})"
+
+    def note(self, text: str) -> None:
+        """Record how the current node is imported where that differs from ONNX Runtime's numerics
+        (one line per distinct ``text``, with the nodes it concerns): the module's
+        ``import_notes`` attribute, printed in the compile summary."""
+        self._notes.setdefault(text, []).append(self.loc or "?")
 
     def unsupported(self, why: str) -> UnsupportedError:
         return UnsupportedError(f"{self.where()}: {why}")

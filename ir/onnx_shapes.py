@@ -171,9 +171,18 @@ _SHAPE_ONLY = ("Shape", "Size")  # read an input's shape, never its elements
 _PASS_THROUGH = ("Identity", "Cast")  # same shape as their input: look at their consumers instead
 
 
+def _gqa_past(node: onnx.NodeProto, name: str, axis: int) -> bool:
+    """``name`` is the past_key/past_value (inputs 3, 4) of a com.microsoft GroupQueryAttention and
+    ``axis`` its sequence axis (2): an empty past is a first prompt, as the KV-cache Concat."""
+    if node.op_type != "GroupQueryAttention" or node.domain != "com.microsoft" or axis != 2:
+        return False
+    return name in node.input[3:5]
+
+
 def may_be_empty(graph: onnx.GraphProto, name: str, axis: int, rank: int) -> bool:
     """Whether input ``name`` may have size 0 along ``axis``: every consumer (through Identity and
-    Cast) only reads its shape (Shape, Size) or is a Concat along ``axis`` with other inputs.
+    Cast) only reads its shape (Shape, Size), is a Concat along ``axis`` with other inputs, or is
+    the past K/V of a GroupQueryAttention along its sequence axis.
 
     That is the KV-cache pattern: ``past_key`` of length 0 (a prefill) is concatenated with the new
     keys along the sequence axis, so the result is never empty.  Anything else (a Gather of token
@@ -201,6 +210,8 @@ def may_be_empty(graph: onnx.GraphProto, name: str, axis: int, rank: int) -> boo
                 continue
             if node.op_type in _PASS_THROUGH and node.domain in ("", "ai.onnx"):
                 todo.extend(o for o in node.output if o)
+                continue
+            if _gqa_past(node, current, axis):
                 continue
             if node.op_type != "Concat" or node.domain not in ("", "ai.onnx"):
                 return False
