@@ -1,8 +1,8 @@
 """The ops of ONNX Runtime GenAI's model builder, onto IR ops: ``SimplifiedLayerNormalization``
 (ONNX Runtime registers it in the default domain only, and so do we),
 ``com.microsoft`` ``SkipSimplifiedLayerNormalization``, ``GroupQueryAttention``,
-``RotaryEmbedding``, ``GatherBlockQuantized`` and (the fp16 CPU build's attention)
-``MultiHeadAttention`` without a cache, and ``Tile`` of its mask subgraph.  Their semantics are
+``RotaryEmbedding``, ``GatherBlockQuantized``, and ``Tile`` of the fp16 CPU build's mask subgraph
+(that build's ``MultiHeadAttention`` is ``ir/onnx_handlers_contrib.py``'s).  Their semantics are
 ONNX Runtime's CPU kernels (``docs/ContribOperators.md`` and ``onnxruntime/contrib_ops/cpu/bert/``
 of microsoft/onnxruntime);
 every handler has a conformance test against ONNX Runtime (``tests/ir/test_onnx_genai_ops.py``).
