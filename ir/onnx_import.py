@@ -31,15 +31,24 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from mcpc.errors import DoesNotFit, InputError, InternalError, McpcError, UnsupportedError, does_not_fit
+from mcpc.errors import (
+    DoesNotFit,
+    InputError,
+    InternalError,
+    McpcError,
+    UnsupportedError,
+    UsageError,
+    does_not_fit,
+)
 from mcpc.ir import ops_nn, ops_shape  # noqa: F401  (registers the ops the handlers emit)
 from mcpc.ir.core import Function, Module, Operation, Value
 from mcpc.ir.dtypes import I32, I64, DType, dtype_from_numpy
 from mcpc.ir.interpreter import evaluate_op
 from mcpc.ir.onnx_handlers import CHECKS, DOMAIN_HANDLERS, HANDLERS, onnx_dtype
-from mcpc.ir.onnx_shapes import _graph_inputs, _onnx_shapes, bind_input_shapes
+from mcpc.ir.onnx_shapes import _graph_inputs, _model_dims, _onnx_shapes, bind_input_shapes, zero_bindings
 from mcpc.ir.ops_core import ConstantOp, ReturnOp
 from mcpc.ir.ops_elementwise import CastOp
+from mcpc.ir.ops_shape import ConcatOp
 from mcpc.ir.types import TensorType
 
 MIN_OPSET, MAX_OPSET = 13, 28
@@ -81,7 +90,9 @@ def import_onnx(
     if dram_bytes is not None:
         _check_inputs_fit(proto.graph, label, bound, dram_bytes)
     inferred = _onnx_shapes(proto, bound, label)
-    return _Importer(proto.graph, label, name, opset, bound, inferred).run()
+    importer = _Importer(proto.graph, label, name, opset, bound, inferred)
+    importer.zeros = zero_bindings(proto.graph, shapes or {}, dims or {})
+    return importer.run()
 
 
 def _check_inputs_fit(graph, label: str, bound: dict[str, tuple[int, ...]], dram_bytes: int) -> None:
@@ -175,6 +186,7 @@ class _Importer:
         self.node: onnx.NodeProto | None = None
         self.loc: str | None = None
         self.attrs: dict = {}
+        self.zeros = ""  # the user's bindings holding a 0, for messages (``zero_bindings``)
 
     # -- driver -----------------------------------------------------------------------------
     def run(self) -> Module:
@@ -186,7 +198,9 @@ class _Importer:
         for init in self.graph.initializer:
             self.env[init.name] = self._tensor(init, f"initializer '{init.name}'")
         for arg in self.func.args:
-            if arg.type.dtype == I64:  # i64 only at the boundary: indices are i32 inside
+            if arg.type.numel == 0:  # no data: a constant known at import (see ``_emit_empty``)
+                self.env[arg.name] = np.empty(arg.type.shape, arg.type.dtype.np_dtype)
+            elif arg.type.dtype == I64:  # i64 only at the boundary: indices are i32 inside
                 self.func.append(CastOp([arg], {"to": I32}, loc=arg.name))
                 self.env[arg.name] = self.func.ops[-1].result
             else:
@@ -288,8 +302,23 @@ class _Importer:
                     )
                 v = self.func.append(CastOp([v], {"to": I64}, loc=out.name)).result
             values.append(v)
+        if self.zeros and values and all(v.type.numel == 0 for v in values):
+            self._refuse_all_empty(values)
         self.func.result_names = [o.name for o in self.graph.output]
         self.func.append(ReturnOp(values))
+
+    def _refuse_all_empty(self, values) -> None:
+        """UsageError: the user's 0 bindings make every output empty.  ONNX Runtime would return
+        empty arrays, but such a program computes nothing — no work to place, time or measure —
+        and a 0 that empties every output is a slip (``--dim seq=0``), so no program is built.  A
+        model whose own fixed shapes give only empty outputs is imported as ONNX defines it."""
+        shapes = ["x".join(map(str, v.type.shape)) for v in values]
+        outs = ", ".join(f"{o.name} {s}" for o, s in zip(self.graph.output, shapes, strict=True))
+        raise UsageError(
+            f"{self.label}: {self.zeros} makes every output empty ({outs}): there is nothing to compute "
+            "(ONNX Runtime returns empty outputs), so no program is built; bind the dims that "
+            f"are 0 to at least 1 (0 fits a prefill's empty past); {_model_dims(self.graph)}"
+        )
 
     # -- the handler API -------------------------------------------------------------------
     def where(self) -> str:
@@ -326,21 +355,65 @@ class _Importer:
         appended to ``main``.  Returns the one result (array or Value), or a list when the op has
         several."""
         attrs = dict(attrs or {})
+        if any(0 in self.shape(t) for t in operands):
+            empty = self._emit_empty(cls, operands, attrs)
+            if empty is not None:
+                return empty
         if fold and all(isinstance(t, np.ndarray) for t in operands):
             dummies = [Value(TensorType(t.shape, dtype_from_numpy(t.dtype))) for t in operands]
             op = self._make(cls, dummies, attrs)
             budget = max(IMPORT_FOLD_MAX_ELEMENTS, sum(t.size for t in operands))
             if sum(r.type.numel for r in op.results) <= budget:
-                try:
-                    out = [np.asarray(r) for r in evaluate_op(op, list(operands))]
-                except (ValueError, IndexError, TypeError) as e:
-                    raise InputError(
-                        f"{self.where()}: evaluating {cls.name} on constants failed: {e}"
-                    ) from None
-                return out[0] if len(out) == 1 else out
+                return self._evaluate(op, operands)
         attrs = {k: (I32 if isinstance(v, DType) and v == I64 else v) for k, v in attrs.items()}
         op = self.func.append(self._make(cls, [self.value(t) for t in operands], attrs))
         return op.results[0] if len(op.results) == 1 else list(op.results)
+
+    def _emit_empty(self, cls, operands, attrs):
+        """``emit`` where an operand or a result has no elements; None when ``emit`` goes on as usual.
+
+        A tensor with zero elements carries no data, so it is an import-time constant
+        (``np.empty`` of its shape and dtype) and never reaches the IR: a result with a 0 dim is
+        returned as one.  An op that reads an empty operand but has a non-empty result takes ONNX's
+        semantics: a Concat drops its empty operands (one left is the result itself); with every
+        operand a constant (MatMul with K = 0, a reduction over an empty axis) the interpreter
+        evaluates it whatever its size (zeros, the reduction's identity).  Anything else reads an
+        empty tensor to compute run-time values, which ONNX does not define: refused naming the node.
+        """
+        if cls is ConcatOp:
+            kept = [t for t in operands if 0 not in self.shape(t)]
+            if kept and len(kept) < len(operands):
+                self._make(cls, [self._probe(t) for t in operands], attrs)  # shapes must still agree
+                return kept[0] if len(kept) == 1 else self.emit(cls, kept, attrs)
+        op = self._make(cls, [self._probe(t) for t in operands], attrs)
+        if all(r.type.numel == 0 for r in op.results):
+            out = [np.empty(r.type.shape, r.type.dtype.np_dtype) for r in op.results]
+            return out[0] if len(out) == 1 else out
+        if not any(0 in self.shape(t) for t in operands):
+            return None
+        if all(isinstance(t, np.ndarray) for t in operands):
+            return self._evaluate(op, operands)
+        empty = next(i for i, t in enumerate(operands) if 0 in self.shape(t))
+        raise InputError(
+            f"{self.where()}: operand #{empty} is empty (shape {list(self.shape(operands[empty]))}) but "
+            f"{cls.name} would compute a non-empty result {op.results[0].type} from it with run-time "
+            f"values, which ONNX does not define (e.g. gathering from an empty axis); inputs bound as "
+            f"{self.bindings()}"
+        )
+
+    def _probe(self, term) -> Value:
+        """A stand-in value of ``term``'s type, for inferring result types (attached to nothing)."""
+        return Value(TensorType(self.shape(term), self.dtype(term)))
+
+    def _evaluate(self, op: Operation, operands) -> np.ndarray | list[np.ndarray]:
+        """``op`` (built on probes) evaluated at import on constant ``operands``."""
+        try:
+            out = [np.asarray(r) for r in evaluate_op(op, list(operands))]
+        except (ValueError, IndexError, TypeError) as e:
+            raise InputError(f"{self.where()}: evaluating {op.name} on constants failed: {e}") from None
+        except InputError as e:  # a data fault ONNX leaves undefined (a gather index out of range)
+            raise InputError(f"{self.where()}: {e} (inputs bound as {self.bindings()})") from None
+        return out[0] if len(out) == 1 else out
 
     def _make(self, cls, values, attrs) -> Operation:
         try:
