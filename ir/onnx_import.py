@@ -6,7 +6,7 @@ guarantees a ``Module`` that verifies, or one of these errors:
 * ``InputError`` — unreadable/truncated file, checker failure, input dims still symbolic after
   binding (all of them at once, where each is used, and the ``--dim`` line that binds them).
 * ``UsageError`` — a binding wrong in itself (unknown input or dim name, negative size, rank or
-  fixed dim contradicted, a 0 emptying an input that cannot be empty), listing the model's dims.
+  fixed dim contradicted, 0s that empty every output), listing the model's dims.
 * ``DoesNotFit`` — with ``dram_bytes``, inputs larger than the target's DRAM; an import-time
   constant the host cannot allocate.
 * ``UnsupportedError`` — every unsupported node listed at once as
@@ -20,6 +20,11 @@ constants stay int64 during import; an int64 tensor that reaches the IR becomes 
 i64 exists in the IR only at function arguments/results, with a ``mcp.cast`` right after/before.
 float64 constants (initializers, Constant nodes, Cast to double) are converted to f32 — a
 rounding, not a lossless conversion; float64 model inputs/outputs are unsupported.
+
+A tensor with zero elements (an input bound with a 0, an op result with a 0 dim) holds no data, so
+it is an import-time constant and never an IR op's operand or result; ops reading one get ONNX's
+semantics (``_Importer._emit_empty``).  An empty input stays a (0-byte) function argument, an empty
+output is returned as a 0-element ``mcp.constant``.
 """
 
 from __future__ import annotations
@@ -293,7 +298,12 @@ class _Importer:
             if out.name not in self.env:
                 raise InputError(f"{self.label}: graph output '{out.name}' is never computed")
             self.node, self.loc = None, out.name
-            v = self.value(self.env[out.name])
+            term = self.env[out.name]
+            if isinstance(term, np.ndarray) and term.size == 0:  # no data: a literal of its type
+                term = np.empty(term.shape, declared.np_dtype)
+                values.append(self.func.append(ConstantOp([], {"value": term}, loc=out.name)).result)
+                continue
+            v = self.value(term)
             if v.type.dtype != declared:
                 if not (declared == I64 and v.type.dtype == I32):
                     raise ImporterBug(
@@ -355,55 +365,74 @@ class _Importer:
         appended to ``main``.  Returns the one result (array or Value), or a list when the op has
         several."""
         attrs = dict(attrs or {})
-        if any(0 in self.shape(t) for t in operands):
-            empty = self._emit_empty(cls, operands, attrs)
+        operands = self._align_empty(operands)
+        run_time = any(isinstance(t, Value) for t in operands)
+        if run_time:  # as the op will be built: int64 constants and attributes become i32
+            attrs = {k: (I32 if isinstance(v, DType) and v == I64 else v) for k, v in attrs.items()}
+        probe = self._make(cls, [self._probe(t, run_time) for t in operands], attrs)  # result types
+        if any(0 in self.shape(t) for t in operands) or any(r.type.numel == 0 for r in probe.results):
+            empty = self._emit_empty(probe, operands)
             if empty is not None:
                 return empty
         if fold and all(isinstance(t, np.ndarray) for t in operands):
-            dummies = [Value(TensorType(t.shape, dtype_from_numpy(t.dtype))) for t in operands]
-            op = self._make(cls, dummies, attrs)
             budget = max(IMPORT_FOLD_MAX_ELEMENTS, sum(t.size for t in operands))
-            if sum(r.type.numel for r in op.results) <= budget:
-                return self._evaluate(op, operands)
-        attrs = {k: (I32 if isinstance(v, DType) and v == I64 else v) for k, v in attrs.items()}
+            if sum(r.type.numel for r in probe.results) <= budget:
+                return self._evaluate(probe, operands)
         op = self.func.append(self._make(cls, [self.value(t) for t in operands], attrs))
         return op.results[0] if len(op.results) == 1 else list(op.results)
 
-    def _emit_empty(self, cls, operands, attrs):
-        """``emit`` where an operand or a result has no elements; None when ``emit`` goes on as usual.
+    def _emit_empty(self, probe: Operation, operands):
+        """``emit`` where an operand or a result has no elements (``probe``: the op built on
+        stand-ins of ``operands``); None when ``emit`` goes on as usual.
 
         A tensor with zero elements carries no data, so it is an import-time constant
         (``np.empty`` of its shape and dtype) and never reaches the IR: a result with a 0 dim is
         returned as one.  An op that reads an empty operand but has a non-empty result takes ONNX's
         semantics: a Concat drops its empty operands (one left is the result itself); with every
         operand a constant (MatMul with K = 0, a reduction over an empty axis) the interpreter
-        evaluates it whatever its size (zeros, the reduction's identity).  Anything else reads an
-        empty tensor to compute run-time values, which ONNX does not define: refused naming the node.
+        evaluates it whatever its size (zeros, the reduction's identity).  Anything else would read
+        an empty tensor to compute from run-time values, which ONNX does not define (a Gather into
+        an empty axis): refused naming the node.
         """
-        if cls is ConcatOp:
-            kept = [t for t in operands if 0 not in self.shape(t)]
-            if kept and len(kept) < len(operands):
-                self._make(cls, [self._probe(t) for t in operands], attrs)  # shapes must still agree
-                return kept[0] if len(kept) == 1 else self.emit(cls, kept, attrs)
-        op = self._make(cls, [self._probe(t) for t in operands], attrs)
-        if all(r.type.numel == 0 for r in op.results):
-            out = [np.empty(r.type.shape, r.type.dtype.np_dtype) for r in op.results]
+        if all(r.type.numel == 0 for r in probe.results):
+            out = [np.empty(r.type.shape, r.type.dtype.np_dtype) for r in probe.results]
             return out[0] if len(out) == 1 else out
         if not any(0 in self.shape(t) for t in operands):
-            return None
+            return None  # an op with some empty results and some not: none is known (TopK: both)
+        if isinstance(probe, ConcatOp):
+            kept = [t for t in operands if 0 not in self.shape(t)]
+            return kept[0] if len(kept) == 1 else self.emit(ConcatOp, kept, dict(probe.attrs))
         if all(isinstance(t, np.ndarray) for t in operands):
-            return self._evaluate(op, operands)
+            return self._evaluate(probe, operands)
         empty = next(i for i, t in enumerate(operands) if 0 in self.shape(t))
         raise InputError(
-            f"{self.where()}: operand #{empty} is empty (shape {list(self.shape(operands[empty]))}) but "
-            f"{cls.name} would compute a non-empty result {op.results[0].type} from it with run-time "
-            f"values, which ONNX does not define (e.g. gathering from an empty axis); inputs bound as "
-            f"{self.bindings()}"
+            f"{self.where()}: operand #{empty} of {probe.name} is empty (shape "
+            f"{list(self.shape(operands[empty]))}) but its result {probe.results[0].type} would be "
+            "computed from it with run-time values, which ONNX does not define (e.g. indices into an "
+            f"empty axis); inputs bound as {self.bindings()}"
         )
 
-    def _probe(self, term) -> Value:
-        """A stand-in value of ``term``'s type, for inferring result types (attached to nothing)."""
-        return Value(TensorType(self.shape(term), self.dtype(term)))
+    def _probe(self, term, run_time: bool) -> Value:
+        """A stand-in value of ``term``'s type, for inferring result types (attached to nothing);
+        with ``run_time`` an int64 constant stands as the i32 ``value`` makes of it."""
+        dtype = self.dtype(term)
+        return Value(TensorType(self.shape(term), I32 if run_time and dtype == I64 else dtype))
+
+    def _align_empty(self, operands) -> list:
+        """``operands`` with each empty integer constant in the index type of the others: inside the
+        IR, int64 is i32 (``value``), so an empty result of an op on run-time indices is i32 while
+        import-time constants are int64; an empty tensor converts freely (it holds no data)."""
+        index = (np.dtype(np.int32), np.dtype(np.int64))
+        full = [self.dtype(t).np_dtype for t in operands if t is not None and 0 not in self.shape(t)]
+        want = next((d for d in full if d in index), None)
+        if want is None:
+            return list(operands)
+        return [
+            np.empty(t.shape, want)
+            if isinstance(t, np.ndarray) and t.size == 0 and t.dtype in index and t.dtype != want
+            else t
+            for t in operands
+        ]
 
     def _evaluate(self, op: Operation, operands) -> np.ndarray | list[np.ndarray]:
         """``op`` (built on probes) evaluated at import on constant ``operands``."""
