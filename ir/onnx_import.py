@@ -96,7 +96,7 @@ def import_onnx(
         _check_inputs_fit(proto.graph, label, bound, dram_bytes)
     inferred = _onnx_shapes(proto, bound, label)
     importer = _Importer(proto.graph, label, name, opset, bound, inferred)
-    importer.zeros = zero_bindings(proto.graph, shapes or {}, dims or {})
+    importer.zeros = zero_bindings(shapes or {}, dims or {})
     return importer.run()
 
 
@@ -370,7 +370,10 @@ class _Importer:
         if run_time:  # as the op will be built: int64 constants and attributes become i32
             attrs = {k: (I32 if isinstance(v, DType) and v == I64 else v) for k, v in attrs.items()}
         probe = self._make(cls, [self._probe(t, run_time) for t in operands], attrs)  # result types
-        if any(0 in self.shape(t) for t in operands) or any(r.type.numel == 0 for r in probe.results):
+        pure = probe.results and not getattr(probe, "STATEFUL", False)  # not a store, a register read
+        if pure and (
+            any(0 in self.shape(t) for t in operands) or any(r.type.numel == 0 for r in probe.results)
+        ):
             empty = self._emit_empty(probe, operands)
             if empty is not None:
                 return empty
@@ -398,7 +401,7 @@ class _Importer:
             out = [np.empty(r.type.shape, r.type.dtype.np_dtype) for r in probe.results]
             return out[0] if len(out) == 1 else out
         if not any(0 in self.shape(t) for t in operands):
-            return None  # an op with some empty results and some not: none is known (TopK: both)
+            return None  # results partly empty from non-empty operands: no op of the IR does that
         if isinstance(probe, ConcatOp):
             kept = [t for t in operands if 0 not in self.shape(t)]
             return kept[0] if len(kept) == 1 else self.emit(ConcatOp, kept, dict(probe.attrs))
@@ -423,7 +426,7 @@ class _Importer:
         IR, int64 is i32 (``value``), so an empty result of an op on run-time indices is i32 while
         import-time constants are int64; an empty tensor converts freely (it holds no data)."""
         index = (np.dtype(np.int32), np.dtype(np.int64))
-        full = [self.dtype(t).np_dtype for t in operands if t is not None and 0 not in self.shape(t)]
+        full = [self.dtype(t).np_dtype for t in operands if 0 not in self.shape(t)]
         want = next((d for d in full if d in index), None)
         if want is None:
             return list(operands)

@@ -288,7 +288,7 @@ def _refuse_type_errors(message: str, label: str) -> None:
         raise InputError(f"{label}: not a valid ONNX model: {first}")
 
 
-def zero_bindings(graph: onnx.GraphProto, shapes: dict[str, tuple[int, ...]], dims: dict[str, int]) -> str:
+def zero_bindings(shapes: dict[str, tuple[int, ...]], dims: dict[str, int]) -> str:
     """The user's bindings that hold a 0, as they were written (``--dim past_seq=0``, ``--shape
     ids=1x0``); "" when there is none."""
     given = [f"--dim {k}=0" for k, v in dims.items() if int(v) == 0]
