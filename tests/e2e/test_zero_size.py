@@ -341,3 +341,14 @@ def test_cli_compiles_runs_and_checks_a_zero_size_input_and_output(tmp_path):
     got = np.load(outs)
     assert got["n"].shape == (2, 0, 3) and got["n"].dtype == np.float32
     np.testing.assert_array_equal(got["y"], np.maximum(case.feeds["x"], 0))
+
+
+def test_a_model_with_a_type_error_is_still_invalid_under_a_zero_binding():
+    """ONNX's inference failing under a 0 binding is not blamed on the model (the node the 0 breaks
+    is named by import instead), but a real type error is still found: judged with the 0s as 1s."""
+    nodes = [N("Relu", ["a"], ["y"]), N("Concat", ["y", "x"], ["z"], axis=0)]
+    graph = helper.make_graph(nodes, "g", [vi("a", ["e", 3]), vi("x", [2, 3])], [vi("z", [None, 3], I64)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])  # z is float, not int64
+    for e in (1, 0):
+        with pytest.raises(InputError, match="not a valid ONNX model: .*elem type"):
+            import_onnx(model, dims={"e": e})
