@@ -2,7 +2,7 @@
 
 ``bind_input_shapes`` turns ``--shape``/``--dim`` bindings into a static shape per real graph input
 (InputError naming every dim still symbolic with the ``--dim`` line; UsageError, listing the model's
-dims, for a wrong binding).  ``input_dims``, ``dim_line`` and ``may_be_empty`` (the KV-cache rule
+dims, for a wrong binding).  ``input_dims``, ``dim_line`` and ``may_be_empty`` (the KV-cache hint
 for a 0) serve ``mcpc inspect-model`` too.  ``_onnx_shapes`` runs ONNX's shape inference on the
 bound model, which the importer uses to cross-check its own inference.  ``mcpc.ir.onnx_import``
 re-exports these names.
@@ -180,13 +180,14 @@ def _gqa_past(node: onnx.NodeProto, name: str, axis: int) -> bool:
 
 
 def may_be_empty(graph: onnx.GraphProto, name: str, axis: int, rank: int) -> bool:
-    """Whether input ``name`` may have size 0 along ``axis``: every consumer (through Identity and
-    Cast) only reads its shape (Shape, Size), is a Concat along ``axis`` with other inputs, or is
-    the past K/V of a GroupQueryAttention along its sequence axis.
+    """Whether 0 along ``axis`` of input ``name`` is the KV-cache pattern ``mcpc inspect-model``
+    points out: every consumer (through Identity, Cast and one-input Concat, which pass the tensor
+    on) only reads its shape (Shape, Size), is a Concat along ``axis`` with other inputs — a
+    prefill's ``past_key`` of length 0 concatenated with the new keys — or is the past K/V of a
+    GroupQueryAttention along its sequence axis.
 
-    That is the KV-cache pattern: ``past_key`` of length 0 (a prefill) is concatenated with the new
-    keys along the sequence axis, so the result is never empty.  Anything else (a Gather of token
-    ids, a matmul) would compute on an empty tensor, which no real run does.
+    A hint only: import accepts a 0 for any dim (an empty tensor is a value like any other, see
+    ``mcpc.ir.onnx_import``) and refuses only what ONNX leaves undefined.
     """
     consumers: dict[str, list[onnx.NodeProto]] = {}
 
@@ -208,7 +209,10 @@ def may_be_empty(graph: onnx.GraphProto, name: str, axis: int, rank: int) -> boo
         for node in consumers.get(current, []):
             if node.op_type in _SHAPE_ONLY and node.domain in ("", "ai.onnx"):
                 continue
-            if node.op_type in _PASS_THROUGH and node.domain in ("", "ai.onnx"):
+            one_input = len([i for i in node.input if i]) == 1
+            if node.domain in ("", "ai.onnx") and (
+                node.op_type in _PASS_THROUGH or (node.op_type == "Concat" and one_input)
+            ):
                 todo.extend(o for o in node.output if o)
                 continue
             if _gqa_past(node, current, axis):
@@ -233,9 +237,9 @@ def bind_input_shapes(
     A whole-input binding also teaches the dim params it covers (``shapes={"ids": (1, 128)}`` on
     ``ids: [batch, seq]`` binds ``seq=128`` for every other input).  Raises UsageError, listing
     the model's dims, for a binding that is wrong in itself: an unknown input or dim name, a
-    negative size, a rank or fixed dim the model contradicts, conflicting bindings, or 0 for a dim
-    of an input that cannot be empty (see ``may_be_empty``).  Raises InputError naming every dim
-    still symbolic after binding, with the ready-to-paste ``--dim`` line.
+    negative size, a rank or fixed dim the model contradicts, or conflicting bindings (a 0 is a
+    size like any other: the importer gives empty tensors ONNX's semantics).  Raises InputError
+    naming every dim still symbolic after binding, with the ready-to-paste ``--dim`` line.
     """
     inputs = _graph_inputs(graph)
     names = [i.name for i in inputs]
@@ -328,8 +332,6 @@ def bind_input_shapes(
         raise InputError(
             f"{label}: " + "; ".join(parts + unnamed) + " (mcpc inspect-model MODEL shows every input)"
         )
-    for inp in inputs:
-        _check_empty(graph, inp, bound[inp.name], learned, shapes, usage)
     return bound
 
 
@@ -341,26 +343,6 @@ def _dim_hint(d, is_this: bool, learned: dict[str, int]) -> str:
     if is_this:
         return "N"
     return str(learned.get(d.dim_param, d.dim_param or "?"))
-
-
-def _check_empty(graph, inp, shape, learned, shapes, usage) -> None:
-    """UsageError when a user binding makes ``inp`` empty along an axis where it may not be."""
-    tt = inp.type.tensor_type
-    declared = list(tt.shape.dim) if tt.HasField("shape") else []
-    for axis, size in enumerate(shape):
-        if size != 0 or (axis < len(declared) and declared[axis].HasField("dim_value")):
-            continue  # nonzero, or a 0 the model itself fixes
-        if may_be_empty(graph, inp.name, axis, len(shape)):
-            continue
-        param = declared[axis].dim_param if axis < len(declared) else ""
-        given = f"--dim {param}=0" if param and inp.name not in shapes else ""
-        if not given:
-            given = f"--shape {inp.name}={'x'.join(map(str, shape))}"
-        raise usage(
-            f"{given} makes input '{inp.name}' empty along dim {axis}, but the model computes on it "
-            "(only inputs whose every use is a Concat along that dim, like a KV cache's past_key, "
-            "or a Shape may be empty)"
-        )
 
 
 def _onnx_shapes(
@@ -401,7 +383,10 @@ def _onnx_shapes(
     try:
         m = onnx.shape_inference.infer_shapes(m, strict_mode=True, data_prop=True)
     except onnx.shape_inference.InferenceError as e:
-        _refuse_type_errors(str(e), label)
+        if any(0 in shape for shape in bound.values()):
+            _refuse_type_errors_without_zeros(m, label)
+        else:
+            _refuse_type_errors(str(e), label)
         try:
             m = onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
         except Exception:
@@ -421,7 +406,33 @@ def _onnx_shapes(
 _TYPE_ERROR_MARKS = ("[TypeInferenceError]", "type mismatch", "elem type", "Type Error")
 
 
+def _refuse_type_errors_without_zeros(m: onnx.ModelProto, label: str) -> None:
+    """``_refuse_type_errors`` for a binding with a 0: ONNX's inference may fail on a node the 0
+    leaves undefined (a Reshape copying a 0 dim the input lacks) and cascade into type errors, which
+    say nothing of the model; so the model is judged with every bound 0 read as 1 (the importer
+    then names the node the 0 breaks)."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(m)
+    for inp in probe.graph.input:
+        if inp.type.HasField("tensor_type"):
+            for d in inp.type.tensor_type.shape.dim:
+                if d.HasField("dim_value") and d.dim_value == 0:
+                    d.dim_value = 1
+    try:
+        onnx.shape_inference.infer_shapes(probe, strict_mode=True, data_prop=True)
+    except onnx.shape_inference.InferenceError as e:
+        _refuse_type_errors(str(e), label)
+
+
 def _refuse_type_errors(message: str, label: str) -> None:
     first = message.strip().splitlines()[0] if message.strip() else message
     if any(mark in message for mark in _TYPE_ERROR_MARKS):
         raise InputError(f"{label}: not a valid ONNX model: {first}")
+
+
+def zero_bindings(shapes: dict[str, tuple[int, ...]], dims: dict[str, int]) -> str:
+    """The user's bindings that hold a 0, as they were written (``--dim past_seq=0``, ``--shape
+    ids=1x0``); "" when there is none."""
+    given = [f"--dim {k}=0" for k, v in dims.items() if int(v) == 0]
+    given += [f"--shape {k}={'x'.join(map(str, v))}" for k, v in shapes.items() if 0 in tuple(v)]
+    return " ".join(given)
