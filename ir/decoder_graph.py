@@ -62,6 +62,10 @@ class Layer:
     kv_heads: int = 0
     q_heads: int = 0
     head_dim: int = 0
+    gqa: onnx.NodeProto | None = None  # com.microsoft GroupQueryAttention owning the cache (ORT GenAI)
+    scale: float | None = None  # the attention scale when an attribute gives it (GQA)
+    rope_half: int = 0  # GQA: angles per position in cos_cache (the rotary dim / 2)
+    mha: onnx.NodeProto | None = None  # com.microsoft MultiHeadAttention reading the present K/V
 
 
 @dataclass
@@ -243,8 +247,12 @@ def recognise(model: onnx.ModelProto) -> DecoderGraph:
             if kind not in layer.past:
                 other = next(iter(layer.past.values()))
                 raise g.refuse(f"layer {layer.index} has '{other}' but no past {kind} input")
+        if _match_gqa(g, layer):
+            continue
+        for kind in ("key", "value"):
             _match_concat(g, layer, kind)
-        _match_attention(g, layer, mask_name)
+        if not _match_mha(g, layer):
+            _match_attention(g, layer, mask_name)
     rest = [o.name for o in g.graph.output if o.name not in expected]
     if len(rest) != 1:
         raise g.refuse(
@@ -269,7 +277,8 @@ def _match_concat(g: GraphIndex, layer: Layer, kind: str) -> None:
     if node is None or node.op_type != "Concat" or list(node.input)[:1] != [past] or len(node.input) != 2:
         what = g.name(node) if node is not None else "a graph input"
         raise g.refuse(
-            f"output '{present}' is computed by {what}, not by Concat('{past}', new) along the sequence axis"
+            f"output '{present}' is computed by {what}, not by Concat('{past}', new) along the sequence "
+            "axis (nor by a GroupQueryAttention reading it)"
         )
     vi = next(i for i in g.inputs if i.name == past)
     rank = len(vi.type.tensor_type.shape.dim)
@@ -280,12 +289,170 @@ def _match_concat(g: GraphIndex, layer: Layer, kind: str) -> None:
             "[batch, kv_heads, seq, head_dim] extended along axis 2"
         )
     dims = _static_dims(vi)
+    if isinstance(dims[1], int) and dims[1] > 0 and not isinstance(dims[3], int):
+        width = _width(g, _through_heads(g, node.input[1]), 0)  # e.g. the GenAI builder's 'kv_cache_dim'
+        if width is not None and width % dims[1] == 0:
+            dims[3] = width // dims[1]
     if not isinstance(dims[1], int) or not isinstance(dims[3], int) or dims[1] < 1 or dims[3] < 1:
         raise g.refuse(
             f"input '{past}' has dims {dims}: its heads (axis 1) and head_dim (axis 3) must be fixed"
         )
     layer.kv_heads, layer.head_dim = dims[1], dims[3]
     layer.concat[kind], layer.new[kind] = node, node.input[1]
+
+
+# GroupQueryAttention attributes and inputs a paged build does not take (``_match_gqa``)
+_GQA_UNTAKEN_ATTRS = ("softcap", "local_window_size", "smooth_softmax", "qk_output")
+_GQA_UNTAKEN_INPUTS = {9: "position_ids", 10: "attention_bias", 11: "head_sink"}
+
+
+def _match_gqa(g: GraphIndex, layer: Layer) -> bool:
+    """True when ``layer``'s present K/V are outputs 1/2 of one com.microsoft GroupQueryAttention
+    reading its past K/V as inputs 3/4 (ONNX Runtime GenAI's builder): the layer's heads, head size
+    (from the past input, else the width of the projection feeding the node) and scale come from
+    it.  UnsupportedError, naming the node and field, for what a paged build does not take."""
+    node = g.producer.get(layer.present["key"])
+    if node is None or node.op_type != "GroupQueryAttention" or node.domain != "com.microsoft":
+        return False
+    ins, outs = list(node.input) + [""] * 12, list(node.output) + [""] * 3
+    if ins[3:5] != [layer.past["key"], layer.past["value"]] or outs[1:3] != [
+        layer.present["key"],
+        layer.present["value"],
+    ]:
+        raise g.refuse(
+            f"{g.name(node)} computes '{layer.present['key']}' but does not read '{layer.past['key']}' / "
+            f"'{layer.past['value']}' as its past_key / past_value and return both presents"
+        )
+    for key in _GQA_UNTAKEN_ATTRS:
+        value = _attr(node, key, 0)
+        if key == "local_window_size" and value == -1:
+            continue
+        if value:
+            raise g.refuse(f"{g.name(node)}: attribute {key}={value} is not taken by the paged attention")
+    for index, what in _GQA_UNTAKEN_INPUTS.items():
+        if ins[index]:
+            raise g.refuse(f"{g.name(node)}: input {index} ({what}) is not taken by the paged attention")
+    if len(outs) > 3 and outs[3]:
+        raise g.refuse(f"{g.name(node)}: output 3 (output_qk) is not taken by the paged attention")
+    heads, kv_heads = int(_attr(node, "num_heads", 0)), int(_attr(node, "kv_num_heads", 0))
+    if heads <= 0 or kv_heads <= 0 or heads % kv_heads:
+        raise g.refuse(f"{g.name(node)}: num_heads={heads}, kv_num_heads={kv_heads}")
+    vi = next(i for i in g.inputs if i.name == layer.past["key"])
+    dims = _static_dims(vi)
+    head = dims[3] if len(dims) == 4 and isinstance(dims[3], int) and dims[3] > 0 else None
+    if head is None:  # e.g. the builder's symbolic 'kv_cache_dim': read it off the weights
+        packed = not ins[1]
+        width = _width(g, ins[0], 0)
+        parts = heads + 2 * kv_heads if packed else heads
+        if width is None or width % parts:
+            raise g.refuse(
+                f"{g.name(node)}: the head size is symbolic in '{layer.past['key']}' {dims} and cannot be "
+                f"read off the projection feeding input 0 ('{ins[0]}', width {width})"
+            )
+        head = width // parts
+    layer.gqa, layer.kv_heads, layer.q_heads, layer.head_dim = node, kv_heads, heads, head
+    scale = float(_attr(node, "scale", 0.0))
+    layer.scale = scale if scale else float(1.0 / np.sqrt(head))
+    if _attr(node, "do_rotary", 0):
+        cos = g.constant(ins[7]) if ins[7] else None
+        if cos is None or cos.ndim != 2 or not ins[8] or 2 * cos.shape[1] > head:
+            raise g.refuse(
+                f"{g.name(node)}: do_rotary=1 needs constant cos_cache/sin_cache [positions, <= head/2]"
+            )
+        layer.rope_half = int(cos.shape[1])
+    return True
+
+
+def _width(g: GraphIndex, name: str, depth: int) -> int | None:
+    """The last dim of ``name`` when a projection computes it: a MatMul by a constant, a
+    com.microsoft MatMulNBits (its N), a bias Add or a Cast of one."""
+    node = g.producer.get(name)
+    if node is None or depth > 8:
+        return None
+    if node.op_type == "MatMul":
+        w = g.constant(node.input[1])
+        return int(w.shape[-1]) if w is not None and w.ndim >= 2 else None
+    if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":
+        return int(_attr(node, "N", 0)) or None
+    if node.op_type in ("Add", "Cast", "Identity"):
+        for x in node.input[:2]:
+            found = _width(g, x, depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _through_heads(g: GraphIndex, name: str) -> str:
+    """Back from the new K/V [B, N, S, H] through the head split (Transpose, Reshape), RoPE
+    (com.microsoft RotaryEmbedding, input 0) and casts to the projection's [B, S, N·H] output."""
+    for _ in range(8):
+        node = g.producer.get(name)
+        if node is None:
+            return name
+        if node.op_type in ("Transpose", "Reshape", "Cast", "Identity") or (
+            node.op_type == "RotaryEmbedding" and node.domain == "com.microsoft"
+        ):
+            name = node.input[0]
+        else:
+            return name
+    return name
+
+
+_MHA_UNTAKEN_INPUTS = {3: "bias", 4: "key_padding_mask", 6: "past_key", 7: "past_value",
+                       8: "past_sequence_length", 9: "cache_indirection"}  # fmt: skip
+
+
+def _to_present(g: GraphIndex, name: str, present: str) -> bool:
+    """``name`` is ``present`` repeated for the query heads and laid out for an attention op:
+    reached back through Reshape, Transpose, Expand, Unsqueeze, Identity and Cast alone."""
+    for _ in range(16):
+        if name == present:
+            return True
+        node = g.producer.get(name)
+        if node is None or node.op_type not in (
+            "Reshape",
+            "Transpose",
+            "Expand",
+            "Unsqueeze",
+            "Identity",
+            "Cast",
+        ):
+            return False
+        name = node.input[0]
+    return False
+
+
+def _match_mha(g: GraphIndex, layer: Layer) -> bool:
+    """True when a com.microsoft MultiHeadAttention reads the layer's present K and V (repeated for
+    the query heads through repeat_kv's Reshape/Expand/Transpose) as its key and value: the ONNX
+    Runtime GenAI builder's fp16 CPU graphs.  Its mask (attention_bias, built from
+    attention_mask) is left to the paged cache's causal lengths and held by the self-check."""
+    pk, pv = layer.present["key"], layer.present["value"]
+    found = [
+        n for n in g.graph.node
+        if n.op_type == "MultiHeadAttention" and n.domain == "com.microsoft" and len(n.input) > 2
+        and _to_present(g, n.input[1], pk) and _to_present(g, n.input[2], pv)
+    ]  # fmt: skip
+    if not found:
+        return False
+    if len(found) != 1:
+        raise g.refuse(f"layer {layer.index}: {len(found)} MultiHeadAttention nodes read '{pk}'")
+    node = found[0]
+    ins = list(node.input) + [""] * 10
+    for index, what in _MHA_UNTAKEN_INPUTS.items():
+        if ins[index]:
+            raise g.refuse(f"{g.name(node)}: input {index} ({what}) is not taken by the paged attention")
+    if any(node.output[1:]):
+        raise g.refuse(f"{g.name(node)}: outputs 1-3 (present, qk) are not taken by the paged attention")
+    heads = int(_attr(node, "num_heads", 0))
+    if heads <= 0 or heads % layer.kv_heads:
+        raise g.refuse(
+            f"{g.name(node)}: num_heads={heads} is not a multiple of the {layer.kv_heads} KV heads"
+        )
+    layer.mha, layer.q_heads, layer.q = node, heads, ins[0]
+    scale = float(_attr(node, "scale", 0.0))
+    layer.scale = scale if scale else float(1.0 / np.sqrt(layer.head_dim))
+    return True
 
 
 def _walk_to_cache(g: GraphIndex, name: str, present: str, factors: list | None) -> tuple[int, bool] | None:
@@ -542,6 +709,8 @@ def rewrite(
     UnsupportedError naming a node that still reads the past, a present K/V or the attention mask
     afterwards."""
     g = GraphIndex(model)
+    if any(layer.gqa is not None and _attr(layer.gqa, "do_rotary", 0) for layer in dec.layers):
+        dec.positions = dec.positions or "position_ids"  # GQA's RoPE at positions the host gives
     nodes = _attention_nodes(g, dec, scales, block)
     nodes, extra_inits = _past_dims(nodes, dec)
     if positions:
@@ -588,18 +757,39 @@ def rewrite(
 def _attention_nodes(g: GraphIndex, dec: DecoderGraph, scales: list[float], block: int) -> list:
     """The graph's nodes with each layer's Concat pair dropped and its V matmul replaced by the
     KV stores and the paged attention."""
-    replaced = {id(layer.pv): layer for layer in dec.layers}
-    dropped = {id(layer.concat[k]) for layer in dec.layers for k in ("key", "value")}
+    replaced = {id(layer.pv): layer for layer in dec.layers if layer.pv is not None}
+    replaced.update({id(layer.mha): layer for layer in dec.layers if layer.mha is not None})
+    dropped = {id(layer.concat[k]) for layer in dec.layers if layer.gqa is None for k in ("key", "value")}
+    gqa = {id(layer.gqa): layer for layer in dec.layers if layer.gqa is not None}
     dropped |= {id(layer.guard) for layer in dec.layers if layer.guard is not None}
     nodes: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
+    shared: dict[str, tuple[str, str]] = {}  # RoPE tables gathered at the positions, once per cache
     for node in g.graph.node:
         if id(node) in dropped:
+            continue
+        if id(node) in gqa:
+            layer = gqa[id(node)]
+            pos = dec.positions or "position_ids"
+            nodes += _gqa_nodes(g, layer, scales[layer.index], block, pos, inits, shared)
             continue
         layer = replaced.get(id(node))
         if layer is None:
             nodes.append(node)
             continue
         tag = f"mcpc_kv/layer{layer.index}"
+        q, attn_out = layer.q, (layer.guard or node).output[0]
+        if layer.mha is not None:  # [B, S, Nq·H] in and out
+            nq, h = layer.q_heads, layer.head_dim
+            shape_in, shape_out = f"{tag}/q_shape", f"{tag}/out_shape"
+            inits.append(numpy_helper.from_array(np.array([0, 0, nq, h], np.int64), shape_in))
+            inits.append(numpy_helper.from_array(np.array([0, 0, nq * h], np.int64), shape_out))
+            nodes.append(
+                helper.make_node("Reshape", [layer.q, shape_in], [f"{tag}/q_bsnh"], name=f"{tag}/q_bsnh")
+            )
+            nodes.append(helper.make_node("Transpose", [f"{tag}/q_bsnh"], [f"{tag}/q"], name=f"{tag}/q",
+                                          perm=[0, 2, 1, 3]))  # fmt: skip
+            q, attn_out = f"{tag}/q", f"{tag}/attention"
         for kind, short in (("key", "k"), ("value", "v")):
             nodes.append(
                 helper.make_node(
@@ -609,13 +799,150 @@ def _attention_nodes(g: GraphIndex, dec: DecoderGraph, scales: list[float], bloc
             )  # fmt: skip
         nodes.append(
             helper.make_node(
-                "PagedAttention", [layer.q, "kv_gather", "kv_start", "kv_len"],
-                [(layer.guard or node).output[0]],
+                "PagedAttention", [q, "kv_gather", "kv_start", "kv_len"], [attn_out],
                 name=f"{tag}/attention", domain=DOMAIN, layer=layer.index, kv_heads=layer.kv_heads,
                 scale=float(scales[layer.index]), block_size=block,
             )
         )  # fmt: skip
+        if layer.mha is not None:
+            back = f"{tag}/out_bsnh"
+            nodes.append(helper.make_node("Transpose", [attn_out], [back], name=back, perm=[0, 2, 1, 3]))
+            out_shape = f"{tag}/out_shape"
+            nodes.append(helper.make_node("Reshape", [back, out_shape], [node.output[0]], name=f"{tag}/out"))
+    if inits:  # constants of the GQA replacements, as Constant nodes ahead of everything
+        nodes = [
+            helper.make_node("Constant", [], [t.name], name=f"{t.name}/const", value=t) for t in inits
+        ] + nodes
     return nodes
+
+
+def _gqa_nodes(
+    g: GraphIndex, layer: Layer, scale: float, block: int, positions: str, inits: list, shared: dict
+) -> list:
+    """Standard ONNX nodes and ``mcpc.kv`` nodes for one GroupQueryAttention (``layer.gqa``): Q, K, V
+    cut from the packed input (or taken from inputs 0-2) as [batch, heads, seq, head]; RoPE from
+    the cos/sin caches gathered at ``positions`` (halves, or pairs when rotary_interleaved; a
+    rotary dim below the head size leaves the rest); K and V stored to the cache; the paged
+    attention of Q; the result back to [batch, seq, heads · head] as the node's output 0.
+
+    Halves RoPE reads tables widened at build time, ``[cos, cos]`` and ``[−sin, sin]`` per position
+    (gathered once for all layers sharing the caches: ``shared``), so that each of Q and K costs two
+    products and one sum over the rotary width: x·cos₂ + swap(x)·sin₂, swap(x) = [x₂, x₁], which is
+    x₁·cos − x₂·sin, x₂·cos + x₁·sin exactly."""
+    node = layer.gqa
+    ins = list(node.input) + [""] * 12
+    tag = f"mcpc_kv/layer{layer.index}"
+    nq, nkv, h = layer.q_heads, layer.kv_heads, layer.head_dim
+    out: list[onnx.NodeProto] = []
+
+    def const(name: str, values) -> str:
+        full = f"{tag}/{name}"
+        inits.append(numpy_helper.from_array(np.array(values, np.int64), full))
+        return full
+
+    def add(op: str, inputs: list[str], name: str, **attrs) -> str:
+        y = f"{tag}/{name}"
+        out.append(helper.make_node(op, inputs, [y], name=y, **attrs))
+        return y
+
+    def cut(x: str, lo: int, hi: int, axis: int, name: str, step: int = 1) -> str:
+        args = [x, const(f"{name}_lo", [lo]), const(f"{name}_hi", [hi]), const(f"{name}_ax", [axis])]
+        return add("Slice", [*args, const(f"{name}_st", [step])], name)
+
+    def heads_first(x: str, n: int, name: str) -> str:
+        r = add("Reshape", [x, const(f"{name}_shape", [0, 0, n, h])], f"{name}_bsnh")
+        return add("Transpose", [r], name, perm=[0, 2, 1, 3])
+
+    if not ins[1]:  # packed [B, S, (Nq + 2 Nkv) H]
+        q3 = cut(ins[0], 0, nq * h, 2, "q3")
+        k3 = cut(ins[0], nq * h, (nq + nkv) * h, 2, "k3")
+        v3 = cut(ins[0], (nq + nkv) * h, (nq + 2 * nkv) * h, 2, "v3")
+    else:
+        q3, k3, v3 = ins[0], ins[1], ins[2]
+    q, k, v = heads_first(q3, nq, "q"), heads_first(k3, nkv, "k"), heads_first(v3, nkv, "v")
+    if _attr(node, "do_rotary", 0):
+        interleaved = bool(_attr(node, "rotary_interleaved", 0))
+        if interleaved:
+            cos = add("Unsqueeze", [add("Gather", [ins[7], positions], "cos_g"), const("ax1", [1])], "cos")
+            sin = add("Unsqueeze", [add("Gather", [ins[8], positions], "sin_g"), const("ax1b", [1])], "sin")
+            q = _gqa_rope(add, cut, const, q, cos, sin, h, layer, interleaved, "q")
+            k = _gqa_rope(add, cut, const, k, cos, sin, h, layer, interleaved, "k")
+        else:
+            key = f"{ins[7]}|{ins[8]}"
+            if key not in shared:
+                c, sn = g.constant(ins[7]), g.constant(ins[8])
+                tables = []
+                for name, table in (
+                    ("cos2", np.concatenate([c, c], 1)),
+                    ("sin2", np.concatenate([-sn, sn], 1)),
+                ):
+                    full = f"{tag}/{name}_table"
+                    inits.append(numpy_helper.from_array(np.ascontiguousarray(table), full))
+                    gathered = add("Gather", [full, positions], f"{name}_g")
+                    tables.append(add("Unsqueeze", [gathered, const(f"{name}_ax", [1])], name))
+                shared[key] = (tables[0], tables[1])
+            cos2, sin2 = shared[key]
+            q = _gqa_rope_halves(add, cut, q, cos2, sin2, h, layer.rope_half, "q")
+            k = _gqa_rope_halves(add, cut, k, cos2, sin2, h, layer.rope_half, "k")
+    for kind, x in (("k", k), ("v", v)):
+        out.append(
+            helper.make_node(
+                "KVStore", [x, "kv_slot"], [], name=f"{tag}/store_{kind}", domain=DOMAIN, layer=layer.index,
+                kind=kind,
+            )
+        )  # fmt: skip
+    attn = f"{tag}/attention"
+    out.append(
+        helper.make_node(
+            "PagedAttention", [q, "kv_gather", "kv_start", "kv_len"], [attn], name=attn, domain=DOMAIN,
+            layer=layer.index, kv_heads=nkv, scale=float(scale), block_size=block,
+        )
+    )  # fmt: skip
+    t = add("Transpose", [attn], "out_bsnh", perm=[0, 2, 1, 3])
+    out.append(helper.make_node("Reshape", [t, const("out_shape", [0, 0, nq * h])], [node.output[0]],
+                                name=f"{tag}/out"))  # fmt: skip
+    return out
+
+
+def _gqa_rope_halves(add, cut, x: str, cos2: str, sin2: str, h: int, half: int, name: str) -> str:
+    """Halves RoPE of ``x`` [B, N, S, H] with the widened tables [B, 1, S, 2·half] (``_gqa_nodes``)."""
+    rot = 2 * half
+    xr = cut(x, 0, rot, 3, f"{name}_rot") if rot < h else x
+    x1, x2 = cut(xr, 0, half, 3, f"{name}_x1"), cut(xr, half, rot, 3, f"{name}_x2")
+    swap = add("Concat", [x2, x1], f"{name}_sw", axis=3)
+    a, b = add("Mul", [xr, cos2], f"{name}_c"), add("Mul", [swap, sin2], f"{name}_s")
+    y = add("Add", [a, b], f"{name}_rope")
+    if rot < h:
+        y = add("Concat", [y, cut(x, rot, h, 3, f"{name}_pass")], f"{name}_full", axis=3)
+    return y
+
+
+def _gqa_rope(
+    add, cut, const, x: str, cos: str, sin: str, h: int, layer: Layer, interleaved: bool, name: str
+):
+    """Interleaved RoPE of ``x`` [B, N, S, H] with cos/sin [B, 1, S, R/2]: the pairs (x[2k], x[2k+1])
+    as ONNX Runtime's GQA rotates them."""
+    half = int(layer.rope_half)
+    rot = 2 * half
+    xr = cut(x, 0, rot, 3, f"{name}_rot") if rot < h else x
+    if interleaved:
+        x1, x2 = cut(xr, 0, rot, 3, f"{name}_x1", 2), cut(xr, 1, rot, 3, f"{name}_x2", 2)
+    else:
+        x1, x2 = cut(xr, 0, half, 3, f"{name}_x1"), cut(xr, half, rot, 3, f"{name}_x2")
+    o1 = add("Sub", [add("Mul", [x1, cos], f"{name}_a"), add("Mul", [x2, sin], f"{name}_b")], f"{name}_o1")
+    o2 = add("Add", [add("Mul", [x2, cos], f"{name}_c"), add("Mul", [x1, sin], f"{name}_d")], f"{name}_o2")
+    if interleaved:
+        pair = [
+            add("Unsqueeze", [o, const(f"{name}_ax4{i}", [4])], f"{name}_p{i}")
+            for i, o in enumerate((o1, o2))
+        ]
+        pairs = add("Concat", pair, f"{name}_pairs", axis=4)
+        y = add("Reshape", [pairs, const(f"{name}_rs", [0, 0, 0, rot])], f"{name}_rope")
+    else:
+        y = add("Concat", [o1, o2], f"{name}_rope", axis=3)
+    if rot < h:
+        y = add("Concat", [y, cut(x, rot, h, 3, f"{name}_pass")], f"{name}_full", axis=3)
+    return y
 
 
 def past_length_slices(model: onnx.ModelProto, dec: DecoderGraph) -> list[onnx.NodeProto]:

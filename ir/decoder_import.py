@@ -92,7 +92,7 @@ class DecoderBuild:
 @dataclass
 class DecoderModule:
     """``import_decoder``'s result: the module, the META descriptor, what was recognised, and the
-    original graph (for the self-check)."""
+    original graph (for the self-check; MatMulNBits at accuracy_level 0, ``_exact_reference``)."""
 
     module: Module
     decoder: dict[str, Any]
@@ -115,6 +115,9 @@ def import_decoder(
     elif proto is model:  # the caller's proto: the rewrite below edits its copy
         proto = onnx.ModelProto()
         proto.CopyFrom(model)
+    from mcpc.ir.merged_decoder import select_cache_branch
+
+    merged = select_cache_branch(proto)  # a merged decoder (use_cache_branch, If): its with-past branch
     alias_past_inputs(proto)
     dec = recognise(proto)
     scales = attention_scales(proto, dec)
@@ -136,6 +139,8 @@ def import_decoder(
         if dec.positions:
             shapes[dec.positions] = (b, seq)
         part = import_onnx(rewritten, shapes, None, dram_bytes=dram_bytes)
+        if part.attrs.get("import_notes"):
+            module.attrs["import_notes"] = part.attrs["import_notes"]
         fn = part.main
         fn.name = entry
         module.add_function(fn)
@@ -146,7 +151,62 @@ def import_decoder(
             module.host_regs[PREFILL_ROWS_REG] = HostRegDecl(PREFILL_ROWS_REG, 1, rows)
     module.verify()
     decoder = _descriptor(module, dec, build)
-    return DecoderModule(module, decoder, dec, proto, scales)
+    from mcpc.ir.exporter_family import convention_line, decoder_convention, exporter_family
+
+    conv = decoder_convention(dec, merged) | {"exporter": exporter_family(proto)["family"]}
+    decoder["convention"] = conv | {"line": convention_line(conv, conv["exporter"])}
+    eos = eos_ids(model) if isinstance(model, (str, Path)) else None
+    if eos is not None:
+        decoder["eos_ids"], decoder["eos_source"] = eos
+    return DecoderModule(module, decoder, dec, _exact_reference(proto), scales)
+
+
+def eos_ids(model: str | Path) -> tuple[list[int], str] | None:
+    """The end-of-sequence ids of the model at path ``model`` and the file that gives them: ONNX
+    Runtime GenAI's ``genai_config.json`` beside it (``model.eos_token_id``, an int or a list); None
+    when there is none (Hugging Face's generation_config.json is not read here).  InputError for a
+    file that is there but unreadable or whose ids are not token ids."""
+    import json
+
+    f = Path(model).parent / "genai_config.json"
+    if not f.is_file():
+        return None
+    try:
+        cfg = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{f}: cannot read the end-of-sequence ids: {exc}") from None
+    value = cfg.get("model", {}).get("eos_token_id") if isinstance(cfg, dict) else None
+    if value is None:
+        return None
+    ids = value if isinstance(value, list) else [value]
+    if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise InputError(f"{f}: model.eos_token_id is {value!r}, not a token id or a list of them")
+    return [int(i) for i in ids], f.name
+
+
+def _exact_reference(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` as the self-check's ONNX Runtime reference: MatMulNBits at accuracy_level 0, no
+    value_info.
+
+    At level 4 ONNX Runtime's CPU kernel rounds activations to int8 per block, which the import
+    does not model (it multiplies exactly, and says so in an import note); the self-check holds
+    the rewrite to the graph's exact arithmetic, so the reference multiplies exactly too."""
+    nodes = [n for n in proto.graph.node if n.op_type == "MatMulNBits" and n.domain == "com.microsoft"]
+    if not any(a.name == "accuracy_level" and a.i for n in nodes for a in n.attribute) and not len(
+        proto.graph.value_info
+    ):
+        return proto
+    exact = onnx.ModelProto()
+    exact.CopyFrom(proto)
+    # exporter value_info may hold stale symbolic dims (the GenAI builder's fp16 graph names its
+    # repeated K/V 'sequence_length', which makes ONNX Runtime fail a decode step): dropped
+    del exact.graph.value_info[:]
+    for n in exact.graph.node:
+        if n.op_type == "MatMulNBits" and n.domain == "com.microsoft":
+            for a in n.attribute:
+                if a.name == "accuracy_level":
+                    a.i = 0
+    return exact
 
 
 def _check_position_tables(model: onnx.ModelProto, dec: DecoderGraph, build: DecoderBuild) -> None:
@@ -264,6 +324,9 @@ def attention_scales(proto: onnx.ModelProto, dec: DecoderGraph) -> list[float]:
         values.update(run_original(proto, dec, batch=1, past=1, seq=1, extra=pending))
     scales = []
     for layer in dec.layers:
+        if layer.scale is not None:  # an attribute gives it (GroupQueryAttention)
+            scales.append(float(np.float32(layer.scale)))
+            continue
         s = np.float64(1.0)
         for tensor, divides in layer.factors:
             v = np.asarray(values[tensor])

@@ -333,6 +333,8 @@ def _topk(op, args):
 def _reduce_mean(op, args):
     x2, count = _reduce_rows(op, args[0])
     s = nx.row_reduce("sum", x2, "f32")
+    if count == 0:  # the mean of no elements: 0, as ONNX Runtime returns (not 0/0)
+        return [np.zeros(op.result.type.shape, op.result.type.dtype.np_dtype)]
     return [nx.binary("div", s, np.float32(count), _out(op)).reshape(op.result.type.shape)]
 
 

@@ -195,6 +195,7 @@ def _where(ctx, ins):
 
 @check("Gelu")
 def _gelu_check(node, attrs, opset, used):
+    """approximate must be "none" or "tanh" (the two ONNX defines)."""
     if attrs.get("approximate", "none") not in ("none", "tanh"):
         return f"approximate={attrs['approximate']!r} is not defined (none or tanh)"
     return None
@@ -214,6 +215,7 @@ def _gelu(ctx, ins):
 
 
 def _ms_gelu(ctx, ins):
+    """The exact (erf) GELU, as ``mcp.gelu``."""
     return [ctx.emit(ops.GeluOp, ins[:1])]  # com.microsoft Gelu is the exact (erf) GELU
 
 
@@ -222,6 +224,8 @@ DOMAIN_HANDLERS["com.microsoft", "Gelu"] = _ms_gelu
 
 @check("Cast", "CastLike")
 def _cast_check(node, attrs, opset, used):
+    """to must be a dtype mcpc has (DOUBLE is imported as f32, a rounding); saturate=0 is refused
+    (casts to f8 saturate)."""
     if node.op_type == "Cast":
         to = attrs.get("to")
         if to != _T.DOUBLE:
@@ -254,6 +258,7 @@ def _identity(ctx, ins):
 
 @check("Dropout")
 def _dropout_check(node, attrs, opset, used):
+    """Inference only: the mask output must be unused (training_mode=true is refused at conversion)."""
     if len(node.output) > 1 and node.output[1] in used:
         return "the mask output is used (only inference-mode Dropout is supported)"
     return None
@@ -328,16 +333,21 @@ def _layer_norm(ctx, ins):
     y = ctx.emit(ops.LayerNormOp, [x, *parts], {"axis": axis, "epsilon": eps})
     if not any(ctx.node.output[1:]):
         return [y]
-    # Mean and InvStdDev (training-style outputs) in the stash type, from separate reductions with
-    # the same steps as mcp.layer_norm: mean, d = x - mean, var = mean(d*d), rsqrt(var + eps)
-    stash = onnx_dtype(ctx.attr("stash_type", _T.FLOAT))
+    mean, inv = _layer_norm_stats(ctx, x, axis, eps, onnx_dtype(ctx.attr("stash_type", _T.FLOAT)))
+    return [y, mean, inv]
+
+
+def _layer_norm_stats(ctx, x, axis: int, eps: float, stash: DType):
+    """Mean and InvStdDev (training-style outputs) over dims ``axis..`` in the ``stash`` type, from
+    separate reductions with the same steps as mcp.layer_norm: mean, d = x - mean, var = mean(d*d),
+    rsqrt(var + eps); both keep the reduced dims as 1."""
     xs = x if ctx.dtype(x) == stash else ctx.emit(ops.CastOp, [x], {"to": stash})
-    axes = {"axes": list(range(axis, len(shape))), "keepdims": True}
+    axes = {"axes": list(range(axis, len(ctx.shape(x)))), "keepdims": True}
     mean = ctx.emit(ops.ReduceMeanOp, [xs], axes)
     d = ctx.emit(ops.SubOp, [xs, mean])
     var = ctx.emit(ops.ReduceMeanOp, [ctx.emit(ops.MulOp, [d, d])], axes)
     inv = ctx.emit(ops.RsqrtOp, [ctx.emit(ops.AddOp, [var, np.array(eps, dtype=stash.np_dtype)])])
-    return [y, mean, inv]
+    return mean, inv
 
 
 _REDUCE = {"ReduceMean": ops.ReduceMeanOp, "ReduceSum": ops.ReduceSumOp, "ReduceMax": ops.ReduceMaxOp}
@@ -406,4 +416,10 @@ def _topk(ctx, ins):
 
 # The constant, shape and data-movement handlers live in their own module and register into the
 # tables above when imported; importing them here keeps HANDLERS complete for every caller.
-from mcpc.ir import onnx_handlers_attention, onnx_handlers_quant, onnx_handlers_shape  # noqa: E402, F401
+from mcpc.ir import (  # noqa: E402, F401
+    onnx_handlers_attention,
+    onnx_handlers_contrib,
+    onnx_handlers_genai,
+    onnx_handlers_quant,
+    onnx_handlers_shape,
+)

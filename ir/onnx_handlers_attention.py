@@ -45,6 +45,7 @@ def _cast(ctx, x, dtype):
 # -- RMSNormalization ----------------------------------------------------------------------------
 @check("RMSNormalization")
 def _rms_check(node, attrs, opset, used):
+    """stash_type float only (the computation is in f32)."""
     if attrs.get("stash_type", _T.FLOAT) != _T.FLOAT:
         return f"stash_type {attrs['stash_type']} is not supported (float only, as ONNX Runtime computes)"
     return None
@@ -135,6 +136,8 @@ def _slice_last(ctx, x, start: int, end: int):
 # -- Attention -----------------------------------------------------------------------------------
 @check("Attention")
 def _attention_check(node, attrs, opset, used):
+    """No nonpad_kv_seqlen beside past_key/past_value (the specification forbids it); softmax_precision
+    float, float16 or bfloat16 (the softmax is computed in f32); window sizes -1 or non-negative."""
     ins = list(node.input)
     past = bool(len(ins) > 4 and ins[4]), bool(len(ins) > 5 and ins[5])
     if past[0] != past[1]:

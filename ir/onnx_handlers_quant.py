@@ -28,7 +28,8 @@ from mcpc.ir.ops_quant import DEQUANTIZABLE_DTYPES
 
 @check("QuantizeLinear", "DequantizeLinear")
 def _qdq_check(node, attrs, opset, used):
-    """Attribute problems found before conversion, so that every unsupported node is listed."""
+    """output_dtype must be a dtype mcpc has; precision, when given, must be f32 (mcp.quantize
+    divides in f32)."""
     for key in ("output_dtype", "precision"):
         if attrs.get(key):
             try:
@@ -110,19 +111,35 @@ def _unpack_codes(raw: np.ndarray, bits: int, count: int, dtype) -> np.ndarray:
     return codes.astype(np.uint8).astype(dtype)
 
 
+_ACCURACY_LEVEL_4 = (
+    "MatMulNBits accuracy_level=4: ONNX Runtime's CPU kernel (MLAS CompInt8) quantizes A to int8 per "
+    "row and per block of block_size along K (scale max|a|/127, rounded to nearest) and sums int8 x "
+    "int4 products per block; mcpc does not model that: it multiplies A unquantized by the "
+    "dequantized weight, as accuracy_level 0 does (expect ONNX Runtime to differ by that int8 "
+    "rounding; rewrite accuracy_level to 0 to compare exactly)"
+)
+
+
 def _ms_matmul_nbits(ctx, ins):
     """``Y = A · dequantize(B)ᵀ (+ bias)``: B [N, blocks, blob] uint8 holds, per output column, the
     K codes of the weight's row (4-bit: two per byte, low nibble first), scales [N·blocks] one per
     block of ``block_size`` along K, zero points packed the same way (default 2^(bits−1)).  Imported
     as ``mcp.dequantize(codes [N, K], scale [N, blocks], zero_point) {axis 1, block_size}`` feeding
     ``mcp.matmul {trans_b}``: the IR contract of a quantized weight, which ``fuse-dequantize-matmul``
-    turns into ``mcp.matmul_w4a16``."""
+    turns into ``mcp.matmul_w4a16``.  ``accuracy_level`` (0–4) does not change the import: A is never
+    quantized; level 4, where ONNX Runtime's CPU kernel quantizes A to int8, leaves an import note
+    saying so (``_ACCURACY_LEVEL_4``)."""
     k, n = int(ctx.attr("K", 0)), int(ctx.attr("N", 0))
     bits, block = int(ctx.attr("bits", 4)), int(ctx.attr("block_size", 0))
     if bits not in (4, 8):
         raise ctx.unsupported(f"bits={bits} is not supported (4 and 8 are)")
     if k <= 0 or n <= 0 or block < 16 or block & (block - 1):
         raise ctx.unsupported(f"attributes K={k}, N={n}, block_size={block} are not valid")
+    level = int(ctx.attr("accuracy_level", 0))
+    if level not in range(5):
+        raise ctx.unsupported(f"accuracy_level={level} is not defined (0 to 4)")
+    if level == 4:
+        ctx.note(_ACCURACY_LEVEL_4)
     a = ins[0]
     raw = ctx.const(ins[1], "B (the quantized weight)")
     blocks = -(-k // block)

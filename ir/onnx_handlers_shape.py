@@ -25,6 +25,7 @@ TRANSPOSE_FOLD_MAX_ELEMENTS = 1 << 12
 # -- constants and shape subgraphs ---------------------------------------------------------------
 @check("Constant")
 def _constant_check(node, attrs, opset, used):
+    """Only value, value_float(s) and value_int(s) attributes (no sparse or string constants)."""
     known = {"value", "value_float", "value_floats", "value_int", "value_ints"}
     other = sorted(set(attrs) - known)
     return f"attribute {other[0]} is not supported" if other else None

@@ -3,14 +3,17 @@
 ``import_onnx(model, shapes, dims)`` assumes an ONNX model of default-domain opset 13–28 and
 guarantees a ``Module`` that verifies, or one of these errors:
 
-* ``InputError`` — unreadable/truncated file, checker failure, input dims still symbolic after
-  binding (all of them at once, where each is used, and the ``--dim`` line that binds them).
+* ``InputError`` — unreadable/truncated file, checker failure (ops ONNX Runtime registers in the
+  default domain that the importer handles, ``ORT_DEFAULT_DOMAIN_OPS``, are not failures), input
+  dims still symbolic after binding (all of them at once, where each is used, and the ``--dim``
+  line that binds them).
 * ``UsageError`` — a binding wrong in itself (unknown input or dim name, negative size, rank or
-  fixed dim contradicted, a 0 emptying an input that cannot be empty), listing the model's dims.
+  fixed dim contradicted, 0s that empty every output), listing the model's dims.
 * ``DoesNotFit`` — with ``dram_bytes``, inputs larger than the target's DRAM; an import-time
   constant the host cannot allocate.
-* ``UnsupportedError`` — every unsupported node listed at once as
-  ``node 'name' (op_type OpType, opset N)``, plus unsupported input/output dtypes.
+* ``UnsupportedError`` — one message for everything unsupported (``mcpc.ir.onnx_support``): the
+  refused nodes grouped by (domain, op type, opset, reason) with their count and first node, plus
+  unsupported input/output dtypes.
 * ``McpcError`` (exit 70) — an importer bug: our type inference disagrees with ONNX's.
 
 Import-time values are either numpy arrays (known constants) or IR ``Value``s.  A node whose
@@ -20,6 +23,11 @@ constants stay int64 during import; an int64 tensor that reaches the IR becomes 
 i64 exists in the IR only at function arguments/results, with a ``mcp.cast`` right after/before.
 float64 constants (initializers, Constant nodes, Cast to double) are converted to f32 — a
 rounding, not a lossless conversion; float64 model inputs/outputs are unsupported.
+
+A tensor with zero elements (an input bound with a 0, an op result with a 0 dim) holds no data, so
+it is an import-time constant and never an IR op's operand or result; ops reading one get ONNX's
+semantics (``_Importer._emit_empty``).  An empty input stays a (0-byte) function argument, an empty
+output is returned as a 0-element ``mcp.constant``.
 """
 
 from __future__ import annotations
@@ -31,21 +39,40 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from mcpc.errors import DoesNotFit, InputError, InternalError, McpcError, UnsupportedError, does_not_fit
+from mcpc.errors import (
+    DoesNotFit,
+    InputError,
+    InternalError,
+    McpcError,
+    UnsupportedError,
+    UsageError,
+    does_not_fit,
+)
 from mcpc.ir import ops_nn, ops_shape  # noqa: F401  (registers the ops the handlers emit)
 from mcpc.ir.core import Function, Module, Operation, Value
 from mcpc.ir.dtypes import I32, I64, DType, dtype_from_numpy
 from mcpc.ir.interpreter import evaluate_op
-from mcpc.ir.onnx_handlers import CHECKS, DOMAIN_HANDLERS, HANDLERS, onnx_dtype
-from mcpc.ir.onnx_shapes import _graph_inputs, _onnx_shapes, bind_input_shapes, fix_numeric_dims
+from mcpc.ir.onnx_handlers import DOMAIN_HANDLERS, HANDLERS, onnx_dtype
+from mcpc.ir.onnx_handlers_genai import ORT_DEFAULT_DOMAIN_OPS
+from mcpc.ir.onnx_shapes import (
+    _graph_inputs,
+    _model_dims,
+    _onnx_shapes,
+    bind_input_shapes,
+    fix_numeric_dims,
+    zero_bindings,
+)
+from mcpc.ir.onnx_support import DEFAULT_DOMAINS as _DEFAULT_DOMAINS
+from mcpc.ir.onnx_support import check_supported, unsupported_reason  # noqa: F401  (re-exported)
+from mcpc.ir.onnx_support import node_attrs as _attrs
 from mcpc.ir.ops_core import ConstantOp, ReturnOp
 from mcpc.ir.ops_elementwise import CastOp
+from mcpc.ir.ops_shape import ConcatOp
 from mcpc.ir.types import TensorType
 
 MIN_OPSET, MAX_OPSET = 13, 28
 # Import-time folding never grows constant storage past this (see ``Importer.emit``).
 IMPORT_FOLD_MAX_ELEMENTS = 1 << 22
-_DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
 class ImporterBug(InternalError):
@@ -73,15 +100,21 @@ def import_onnx(
         # by path when there is one: the checker then handles external data and models over 2 GB
         onnx.checker.check_model(label if isinstance(model, (str, Path)) else proto)
     except Exception as e:  # ValidationError, or a protobuf problem
-        raise InputError(f"{label}: not a valid ONNX model: {_first_line(e)}") from None
+        remaining = _recheck_without_ort_ops(proto, e)
+        if remaining is not None:
+            raise InputError(f"{label}: not a valid ONNX model: {_first_line(remaining)}") from None
     opset = default_opset(proto, label)
     if proto.functions:
         proto = onnx.inliner.inline_local_functions(proto)
+    # before binding: no --dim makes an unsupported model compile, so say that first
+    check_supported(proto, label)
     bound = bind_input_shapes(proto.graph, label, shapes or {}, dims or {})
     if dram_bytes is not None:
         _check_inputs_fit(proto.graph, label, bound, dram_bytes)
     inferred = _onnx_shapes(proto, bound, label)
-    return _Importer(proto.graph, label, name, opset, bound, inferred).run()
+    importer = _Importer(proto.graph, label, name, opset, bound, inferred)
+    importer.zeros = zero_bindings(shapes or {}, dims or {})
+    return importer.run()
 
 
 def _check_inputs_fit(graph, label: str, bound: dict[str, tuple[int, ...]], dram_bytes: int) -> None:
@@ -103,20 +136,36 @@ def _check_inputs_fit(graph, label: str, bound: dict[str, tuple[int, ...]], dram
         )
 
 
-def unsupported_reason(node: onnx.NodeProto, opset: int, used: set[str]) -> str | None:
-    """None when the importer handles ``node``; else why not ("" for an op type it lacks).
+def _recheck_without_ort_ops(proto: onnx.ModelProto, error: Exception) -> Exception | None:
+    """The checker's complaint about ``proto`` once the ops ONNX Runtime registers in the default
+    domain and the importer handles (``ORT_DEFAULT_DOMAIN_OPS``, e.g. the GenAI builder's
+    ``SimplifiedLayerNormalization``) are forgiven; None when nothing else is wrong.
 
-    ``used`` holds every value name some node or graph output reads (optional outputs nobody
-    reads may be unsupported without harm)."""
-    if (node.domain, node.op_type) in DOMAIN_HANDLERS:
+    When ``error`` is "No Op registered for" one of them, the model is checked again with those
+    nodes moved to ``com.microsoft`` for the check only (restored after), so every other rule
+    still applies; otherwise ``error`` itself is returned."""
+    if "No Op registered for" not in str(error):
+        return error
+    moved = [
+        n for n in proto.graph.node if n.domain in _DEFAULT_DOMAINS and n.op_type in ORT_DEFAULT_DOMAIN_OPS
+    ]
+    if not moved:
+        return error
+    added = None
+    if not any(o.domain == "com.microsoft" for o in proto.opset_import):
+        added = proto.opset_import.add(domain="com.microsoft", version=1)
+    try:
+        for n in moved:
+            n.domain = "com.microsoft"
+        onnx.checker.check_model(proto)
         return None
-    if node.domain not in _DEFAULT_DOMAINS:
-        return "custom-domain ops are not supported"
-    if node.op_type not in HANDLERS:
-        return ""
-    if node.op_type in CHECKS:
-        return CHECKS[node.op_type](node, _attrs(node), opset, used) or None
-    return None
+    except Exception as e:  # another problem (or a model too large to check in memory)
+        return e
+    finally:
+        for n in moved:
+            n.domain = ""
+        if added is not None:
+            proto.opset_import.remove(added)
 
 
 def _first_line(e: Exception) -> str:
@@ -185,10 +234,11 @@ class _Importer:
         self.node: onnx.NodeProto | None = None
         self.loc: str | None = None
         self.attrs: dict = {}
+        self._notes: dict[str, list[str]] = {}  # note -> the nodes it is about (``note``)
+        self.zeros = ""  # the user's bindings holding a 0, for messages (``zero_bindings``)
 
     # -- driver -----------------------------------------------------------------------------
     def run(self) -> Module:
-        self._check_supported()
         inputs = _graph_inputs(self.graph)
         types = [TensorType(self.bound[i.name], onnx_dtype(i.type.tensor_type.elem_type)) for i in inputs]
         self.func = Function("main", types, [i.name for i in inputs])
@@ -196,7 +246,9 @@ class _Importer:
         for init in self.graph.initializer:
             self.env[init.name] = self._tensor(init, f"initializer '{init.name}'")
         for arg in self.func.args:
-            if arg.type.dtype == I64:  # i64 only at the boundary: indices are i32 inside
+            if arg.type.numel == 0:  # no data: a constant known at import (see ``_emit_empty``)
+                self.env[arg.name] = np.empty(arg.type.shape, arg.type.dtype.np_dtype)
+            elif arg.type.dtype == I64:  # i64 only at the boundary: indices are i32 inside
                 self.func.append(CastOp([arg], {"to": I32}, loc=arg.name))
                 self.env[arg.name] = self.func.ops[-1].result
             else:
@@ -204,36 +256,16 @@ class _Importer:
         for index, node in enumerate(self.graph.node):
             self._convert(node, index)
         self._return()
+        if self._notes:
+            self.module.attrs["import_notes"] = [
+                f"{text} ({len(locs)} node{'s' if len(locs) > 1 else ''}, first '{locs[0]}')"
+                for text, locs in self._notes.items()
+            ]
         try:
             self.module.verify()
         except McpcError as e:
             raise ImporterBug(f"{self.label}: internal error: the imported IR does not verify: {e}") from None
         return self.module
-
-    def _check_supported(self) -> None:
-        used = {n for node in self.graph.node for n in node.input} | {o.name for o in self.graph.output}
-        problems = []
-        for vi, what in [(i, "input") for i in _graph_inputs(self.graph)] + [
-            (o, "output") for o in self.graph.output
-        ]:
-            elem = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
-            try:
-                onnx_dtype(elem)
-            except UnsupportedError as e:
-                problems.append(f"{what} '{vi.name}': {e}")
-        for index, node in enumerate(self.graph.node):
-            where = f"node '{node.name or f'{node.op_type}_{index}'}' (op_type {node.op_type}"
-            reason = unsupported_reason(node, self.opset, used)
-            if reason is None:
-                continue
-            if node.domain not in _DEFAULT_DOMAINS:
-                problems.append(f"{where}, domain {node.domain}): {reason}")
-            else:
-                problems.append(f"{where}, opset {self.opset})" + (f": {reason}" if reason else ""))
-        if problems:
-            raise UnsupportedError(
-                f"{self.label}: {len(problems)} unsupported item(s): " + "; ".join(problems)
-            )
 
     def _convert(self, node: onnx.NodeProto, index: int) -> None:
         self.node, self.loc = node, node.name or f"{node.op_type}_{index}"
@@ -289,7 +321,12 @@ class _Importer:
             if out.name not in self.env:
                 raise InputError(f"{self.label}: graph output '{out.name}' is never computed")
             self.node, self.loc = None, out.name
-            v = self.value(self.env[out.name])
+            term = self.env[out.name]
+            if isinstance(term, np.ndarray) and term.size == 0:  # no data: a literal of its type
+                term = np.empty(term.shape, declared.np_dtype)
+                values.append(self.func.append(ConstantOp([], {"value": term}, loc=out.name)).result)
+                continue
+            v = self.value(term)
             if v.type.dtype != declared:
                 if not (declared == I64 and v.type.dtype == I32):
                     raise ImporterBug(
@@ -298,14 +335,35 @@ class _Importer:
                     )
                 v = self.func.append(CastOp([v], {"to": I64}, loc=out.name)).result
             values.append(v)
+        if self.zeros and values and all(v.type.numel == 0 for v in values):
+            self._refuse_all_empty(values)
         self.func.result_names = [o.name for o in self.graph.output]
         self.func.append(ReturnOp(values))
+
+    def _refuse_all_empty(self, values) -> None:
+        """UsageError: the user's 0 bindings make every output empty.  ONNX Runtime would return
+        empty arrays, but such a program computes nothing — no work to place, time or measure —
+        and a 0 that empties every output is a slip (``--dim seq=0``), so no program is built.  A
+        model whose own fixed shapes give only empty outputs is imported as ONNX defines it."""
+        shapes = ["x".join(map(str, v.type.shape)) for v in values]
+        outs = ", ".join(f"{o.name} {s}" for o, s in zip(self.graph.output, shapes, strict=True))
+        raise UsageError(
+            f"{self.label}: {self.zeros} makes every output empty ({outs}): there is nothing to compute "
+            "(ONNX Runtime returns empty outputs), so no program is built; bind the dims that "
+            f"are 0 to at least 1 (0 fits a prefill's empty past); {_model_dims(self.graph)}"
+        )
 
     # -- the handler API -------------------------------------------------------------------
     def where(self) -> str:
         if self.node is None:
             return f"{self.label}: output '{self.loc}'"
         return f"{self.label}: node '{self.loc}' (op_type {self.node.op_type}, opset {self.opset})"
+
+    def note(self, text: str) -> None:
+        """Record how the current node is imported where that differs from ONNX Runtime's numerics
+        (one line per distinct ``text``, with the nodes it concerns): the module's
+        ``import_notes`` attribute, printed in the compile summary."""
+        self._notes.setdefault(text, []).append(self.loc or "?")
 
     def unsupported(self, why: str) -> UnsupportedError:
         return UnsupportedError(f"{self.where()}: {why}")
@@ -336,21 +394,87 @@ class _Importer:
         appended to ``main``.  Returns the one result (array or Value), or a list when the op has
         several."""
         attrs = dict(attrs or {})
+        operands = self._align_empty(operands)
+        run_time = any(isinstance(t, Value) for t in operands)
+        if run_time:  # as the op will be built: int64 constants and attributes become i32
+            attrs = {k: (I32 if isinstance(v, DType) and v == I64 else v) for k, v in attrs.items()}
+        probe = self._make(cls, [self._probe(t, run_time) for t in operands], attrs)  # result types
+        pure = probe.results and not getattr(probe, "STATEFUL", False)  # not a store, a register read
+        if pure and (
+            any(0 in self.shape(t) for t in operands) or any(r.type.numel == 0 for r in probe.results)
+        ):
+            empty = self._emit_empty(probe, operands)
+            if empty is not None:
+                return empty
         if fold and all(isinstance(t, np.ndarray) for t in operands):
-            dummies = [Value(TensorType(t.shape, dtype_from_numpy(t.dtype))) for t in operands]
-            op = self._make(cls, dummies, attrs)
             budget = max(IMPORT_FOLD_MAX_ELEMENTS, sum(t.size for t in operands))
-            if sum(r.type.numel for r in op.results) <= budget:
-                try:
-                    out = [np.asarray(r) for r in evaluate_op(op, list(operands))]
-                except (ValueError, IndexError, TypeError) as e:
-                    raise InputError(
-                        f"{self.where()}: evaluating {cls.name} on constants failed: {e}"
-                    ) from None
-                return out[0] if len(out) == 1 else out
-        attrs = {k: (I32 if isinstance(v, DType) and v == I64 else v) for k, v in attrs.items()}
+            if sum(r.type.numel for r in probe.results) <= budget:
+                return self._evaluate(probe, operands)
         op = self.func.append(self._make(cls, [self.value(t) for t in operands], attrs))
         return op.results[0] if len(op.results) == 1 else list(op.results)
+
+    def _emit_empty(self, probe: Operation, operands):
+        """``emit`` where an operand or a result has no elements (``probe``: the op built on
+        stand-ins of ``operands``); None when ``emit`` goes on as usual.
+
+        A tensor with zero elements carries no data, so it is an import-time constant
+        (``np.empty`` of its shape and dtype) and never reaches the IR: a result with a 0 dim is
+        returned as one.  An op that reads an empty operand but has a non-empty result takes ONNX's
+        semantics: a Concat drops its empty operands (one left is the result itself); with every
+        operand a constant (MatMul with K = 0, a reduction over an empty axis) the interpreter
+        evaluates it whatever its size (zeros, the reduction's identity).  Anything else would read
+        an empty tensor to compute from run-time values, which ONNX does not define (a Gather into
+        an empty axis): refused naming the node.
+        """
+        if all(r.type.numel == 0 for r in probe.results):
+            out = [np.empty(r.type.shape, r.type.dtype.np_dtype) for r in probe.results]
+            return out[0] if len(out) == 1 else out
+        if not any(0 in self.shape(t) for t in operands):
+            return None  # results partly empty from non-empty operands: no op of the IR does that
+        if isinstance(probe, ConcatOp):
+            kept = [t for t in operands if 0 not in self.shape(t)]
+            return kept[0] if len(kept) == 1 else self.emit(ConcatOp, kept, dict(probe.attrs))
+        if all(isinstance(t, np.ndarray) for t in operands):
+            return self._evaluate(probe, operands)
+        empty = next(i for i, t in enumerate(operands) if 0 in self.shape(t))
+        raise InputError(
+            f"{self.where()}: operand #{empty} of {probe.name} is empty (shape "
+            f"{list(self.shape(operands[empty]))}) but its result {probe.results[0].type} would be "
+            "computed from it with run-time values, which ONNX does not define (e.g. indices into an "
+            f"empty axis); inputs bound as {self.bindings()}"
+        )
+
+    def _probe(self, term, run_time: bool) -> Value:
+        """A stand-in value of ``term``'s type, for inferring result types (attached to nothing);
+        with ``run_time`` an int64 constant stands as the i32 ``value`` makes of it."""
+        dtype = self.dtype(term)
+        return Value(TensorType(self.shape(term), I32 if run_time and dtype == I64 else dtype))
+
+    def _align_empty(self, operands) -> list:
+        """``operands`` with each empty integer constant in the index type of the others: inside the
+        IR, int64 is i32 (``value``), so an empty result of an op on run-time indices is i32 while
+        import-time constants are int64; an empty tensor converts freely (it holds no data)."""
+        index = (np.dtype(np.int32), np.dtype(np.int64))
+        full = [self.dtype(t).np_dtype for t in operands if 0 not in self.shape(t)]
+        want = next((d for d in full if d in index), None)
+        if want is None:
+            return list(operands)
+        return [
+            np.empty(t.shape, want)
+            if isinstance(t, np.ndarray) and t.size == 0 and t.dtype in index and t.dtype != want
+            else t
+            for t in operands
+        ]
+
+    def _evaluate(self, op: Operation, operands) -> np.ndarray | list[np.ndarray]:
+        """``op`` (built on probes) evaluated at import on constant ``operands``."""
+        try:
+            out = [np.asarray(r) for r in evaluate_op(op, list(operands))]
+        except (ValueError, IndexError, TypeError) as e:
+            raise InputError(f"{self.where()}: evaluating {op.name} on constants failed: {e}") from None
+        except InputError as e:  # a data fault ONNX leaves undefined (a gather index out of range)
+            raise InputError(f"{self.where()}: {e} (inputs bound as {self.bindings()})") from None
+        return out[0] if len(out) == 1 else out
 
     def _make(self, cls, values, attrs) -> Operation:
         try:
@@ -396,14 +520,3 @@ class _Importer:
 
     def tensor(self, proto: onnx.TensorProto, what: str) -> np.ndarray:
         return self._tensor(proto, f"{self.where()}: {what}")
-
-
-def _attrs(node: onnx.NodeProto) -> dict:
-    out = {}
-    for a in node.attribute:
-        if a.type == onnx.AttributeProto.TENSOR:
-            out[a.name] = a.t  # converted by the handler (it knows the node for errors)
-            continue
-        v = onnx.helper.get_attribute_value(a)
-        out[a.name] = v.decode() if isinstance(v, bytes) else v
-    return out

@@ -2,7 +2,7 @@
 
 ``bind_input_shapes`` turns ``--shape``/``--dim`` bindings into a static shape per real graph input
 (InputError naming every dim still symbolic with the ``--dim`` line; UsageError, listing the model's
-dims, for a wrong binding).  ``input_dims``, ``dim_line`` and ``may_be_empty`` (the KV-cache rule
+dims, for a wrong binding).  ``input_dims``, ``dim_line`` and ``may_be_empty`` (the KV-cache hint
 for a 0) serve ``mcpc inspect-model`` too.  ``_onnx_shapes`` runs ONNX's shape inference on the
 bound model, which the importer uses to cross-check its own inference.  ``mcpc.ir.onnx_import``
 re-exports these names.
@@ -10,7 +10,9 @@ re-exports these names.
 
 from __future__ import annotations
 
+import ast
 import math
+import shlex
 
 import onnx
 
@@ -52,9 +54,120 @@ def input_dims(graph: onnx.GraphProto) -> dict[str, list[tuple[str, int]]]:
 
 
 def dim_line(names, known: dict[str, int] | None = None) -> str:
-    """The ready-to-paste ``--dim a=N --dim b=N`` for ``names`` (a bound size where ``known`` has one)."""
+    """The ready-to-paste ``--dim a=N --dim b=N`` for ``names`` (a bound size where ``known`` has
+    one), each argument quoted for a POSIX shell where it needs it (a name with spaces or shell
+    characters: ``--dim 'a + b=N'``)."""
     known = known or {}
-    return " ".join(f"--dim {n}={known.get(n, 'N')}" for n in names)
+    return " ".join("--dim " + shlex.quote(f"{n}={known.get(n, 'N')}") for n in names)
+
+
+# -- dims named by an expression --------------------------------------------------------------
+# Exporters name a dim computed from others by its expression: Optimum's attention_mask is
+# [batch_size, "past_sequence_length + sequence_length"], the dynamo exporter's outputs "s0 + s70".
+# Such a dim is derived from the names it reads once they are bound, not asked for.
+
+_EXPR_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+             ast.FloorDiv: lambda a, b: a // b}  # fmt: skip
+
+
+def dim_expression(param: str) -> ast.expr | None:
+    """The parsed expression of a dim param that is one (names and integers joined by ``+ - *
+    //``, parentheses, unary minus), None for a plain name or anything else (an opaque symbol)."""
+    try:
+        tree = ast.parse(param.strip(), mode="eval").body
+    except (SyntaxError, ValueError):
+        return None
+    return tree if not isinstance(tree, ast.Name) and _arithmetic(tree) else None
+
+
+def _arithmetic(node: ast.expr) -> bool:
+    if isinstance(node, ast.Name):
+        return True
+    if isinstance(node, ast.Constant):
+        return type(node.value) is int
+    if isinstance(node, ast.UnaryOp):
+        return isinstance(node.op, ast.USub) and _arithmetic(node.operand)
+    if isinstance(node, ast.BinOp):
+        return type(node.op) in _EXPR_OPS and _arithmetic(node.left) and _arithmetic(node.right)
+    return False
+
+
+def expression_names(tree: ast.expr) -> list[str]:
+    """The names an expression reads, in order of first appearance."""
+    return list(dict.fromkeys(n.id for n in ast.walk(tree) if isinstance(n, ast.Name)))
+
+
+def _evaluate(tree: ast.expr, values: dict[str, int]) -> int:
+    if isinstance(tree, ast.Constant):
+        return int(tree.value)
+    if isinstance(tree, ast.Name):
+        return values[tree.id]
+    if isinstance(tree, ast.UnaryOp):
+        return -_evaluate(tree.operand, values)
+    return _EXPR_OPS[type(tree.op)](_evaluate(tree.left, values), _evaluate(tree.right, values))
+
+
+def binding_names(found: dict[str, list[tuple[str, int]]]) -> list[str]:
+    """The dims a user binds, given ``input_dims``: every plain name, and in place of a dim named
+    by an expression the names it reads (the expression itself is derived from them)."""
+    names: list[str] = []
+    for param in found:
+        tree = dim_expression(param)
+        for n in expression_names(tree) if tree is not None else [param]:
+            if n not in names:
+                names.append(n)
+    return names
+
+
+def _canonical(name: str, params) -> str:
+    """``name`` as the model spells it: a binding of an expression is matched whitespace aside
+    (``--dim past_sequence_length+sequence_length=5``)."""
+    if name in params:
+        return name
+    squeezed = "".join(name.split())
+    return next((p for p in params if "".join(p.split()) == squeezed), name)
+
+
+def derive_dims(found, learned: dict[str, int], usage) -> None:
+    """Bind in ``learned`` (in place) each dim named by an expression of bound names, and a single
+    unbound name of an expression bound itself when the name enters it with coefficient 1 (``a + b``
+    bound with ``b``: a = value − b).  ``usage(text)`` makes the UsageError of an expression bound
+    to another value than its names give."""
+    exprs = {p: t for p in found if (t := dim_expression(p)) is not None}
+    changed = True
+    while changed:
+        changed = False
+        for param, tree in exprs.items():
+            names = expression_names(tree)
+            unknown = [n for n in names if n not in learned]
+            if not unknown:
+                try:
+                    value = _evaluate(tree, learned)
+                except ZeroDivisionError:
+                    raise usage(f"dim '{param}' divides by 0 with {_given(names, learned)}") from None
+                if value < 0:
+                    raise usage(f"dim '{param}' is {value} < 0 with {_given(names, learned)}")
+                if param not in learned:
+                    learned[param] = value
+                    changed = True
+                elif learned[param] != value:
+                    raise usage(
+                        f"--dim '{param}={learned[param]}' disagrees with {_given(names, learned)}, "
+                        f"which give {value}"
+                    )
+            elif len(unknown) == 1 and param in learned:
+                (u,) = unknown
+                try:
+                    f = [_evaluate(tree, {**learned, u: x}) for x in (0, 1, 2)]
+                except ZeroDivisionError:
+                    continue
+                if f[1] - f[0] == 1 and f[2] - f[1] == 1 and learned[param] - f[0] >= 0:
+                    learned[u] = learned[param] - f[0]
+                    changed = True
+
+
+def _given(names, learned: dict[str, int]) -> str:
+    return ", ".join(f"{n}={learned[n]}" for n in names)
 
 
 def _model_dims(graph: onnx.GraphProto) -> str:
@@ -63,25 +176,45 @@ def _model_dims(graph: onnx.GraphProto) -> str:
     if not found:
         return "the model's inputs have no symbolic dims"
     uses = "; ".join(f"{n} ({', '.join(f'{i} dim {a}' for i, a in where)})" for n, where in found.items())
-    return f"the model's symbolic dims: {uses}"
+    text = f"the model's symbolic dims: {uses}"
+    if any(dim_expression(p) is not None for p in found):
+        text += f" (a dim named by an expression is derived: bind {dim_line(binding_names(found))})"
+    return text
 
 
 _SHAPE_ONLY = ("Shape", "Size")  # read an input's shape, never its elements
 _PASS_THROUGH = ("Identity", "Cast")  # same shape as their input: look at their consumers instead
 
 
-def may_be_empty(graph: onnx.GraphProto, name: str, axis: int, rank: int) -> bool:
-    """Whether input ``name`` may have size 0 along ``axis``: every consumer (through Identity and
-    Cast) only reads its shape (Shape, Size) or is a Concat along ``axis`` with other inputs.
+def _gqa_past(node: onnx.NodeProto, name: str, axis: int) -> bool:
+    """``name`` is the past_key/past_value (inputs 3, 4) of a com.microsoft GroupQueryAttention and
+    ``axis`` its sequence axis (2): an empty past is a first prompt, as the KV-cache Concat."""
+    if node.op_type != "GroupQueryAttention" or node.domain != "com.microsoft" or axis != 2:
+        return False
+    return name in node.input[3:5]
 
-    That is the KV-cache pattern: ``past_key`` of length 0 (a prefill) is concatenated with the new
-    keys along the sequence axis, so the result is never empty.  Anything else (a Gather of token
-    ids, a matmul) would compute on an empty tensor, which no real run does.
+
+def may_be_empty(graph: onnx.GraphProto, name: str, axis: int, rank: int) -> bool:
+    """Whether 0 along ``axis`` of input ``name`` is the KV-cache pattern ``mcpc inspect-model``
+    points out: every consumer (through Identity, Cast and one-input Concat, which pass the tensor
+    on) only reads its shape (Shape, Size), is a Concat along ``axis`` with other inputs — a
+    prefill's ``past_key`` of length 0 concatenated with the new keys — or is the past K/V of a
+    GroupQueryAttention along its sequence axis.
+
+    A hint only: import accepts a 0 for any dim (an empty tensor is a value like any other, see
+    ``mcpc.ir.onnx_import``) and refuses only what ONNX leaves undefined.
     """
     consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for i in node.input:
-            consumers.setdefault(i, []).append(node)
+
+    def collect(g: onnx.GraphProto) -> None:  # subgraphs (If, Loop) read outer names too
+        for node in g.node:
+            for i in node.input:
+                consumers.setdefault(i, []).append(node)
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    collect(a.g)
+
+    collect(graph)
     todo, seen = [name], set()
     while todo:
         current = todo.pop()
@@ -91,8 +224,13 @@ def may_be_empty(graph: onnx.GraphProto, name: str, axis: int, rank: int) -> boo
         for node in consumers.get(current, []):
             if node.op_type in _SHAPE_ONLY and node.domain in ("", "ai.onnx"):
                 continue
-            if node.op_type in _PASS_THROUGH and node.domain in ("", "ai.onnx"):
+            one_input = len([i for i in node.input if i]) == 1
+            if node.domain in ("", "ai.onnx") and (
+                node.op_type in _PASS_THROUGH or (node.op_type == "Concat" and one_input)
+            ):
                 todo.extend(o for o in node.output if o)
+                continue
+            if _gqa_past(node, current, axis):
                 continue
             if node.op_type != "Concat" or node.domain not in ("", "ai.onnx"):
                 return False
@@ -114,9 +252,9 @@ def bind_input_shapes(
     A whole-input binding also teaches the dim params it covers (``shapes={"ids": (1, 128)}`` on
     ``ids: [batch, seq]`` binds ``seq=128`` for every other input).  Raises UsageError, listing
     the model's dims, for a binding that is wrong in itself: an unknown input or dim name, a
-    negative size, a rank or fixed dim the model contradicts, conflicting bindings, or 0 for a dim
-    of an input that cannot be empty (see ``may_be_empty``).  Raises InputError naming every dim
-    still symbolic after binding, with the ready-to-paste ``--dim`` line.
+    negative size, a rank or fixed dim the model contradicts, or conflicting bindings (a 0 is a
+    size like any other: the importer gives empty tensors ONNX's semantics).  Raises InputError
+    naming every dim still symbolic after binding, with the ready-to-paste ``--dim`` line.
     """
     inputs = _graph_inputs(graph)
     names = [i.name for i in inputs]
@@ -125,8 +263,10 @@ def bind_input_shapes(
     def usage(text: str) -> UsageError:
         return UsageError(f"{label}: {text}; {_model_dims(graph)}")
 
+    bindable = set(known) | set(binding_names(known))
+    dims = {_canonical(name, known): value for name, value in dims.items()}
     for name, value in dims.items():
-        if name not in known:
+        if name not in bindable:
             raise usage(f"--dim {name}={value}: the model has no input dim named '{name}'")
         if int(value) < 0:
             raise usage(f"--dim {name}={value}: a size must be >= 0")
@@ -155,6 +295,7 @@ def bind_input_shapes(
                             f"dim '{d.dim_param}' is bound to both {learned[d.dim_param]} and {w} "
                             f"(input '{inp.name}', dim {pos})"
                         )
+    derive_dims(known, learned, usage)
     bound: dict[str, tuple[int, ...]] = {}
     unnamed: list[str] = []  # inputs with an unknown rank or an unnamed symbolic dim, and how to bind
     for inp in inputs:
@@ -186,12 +327,17 @@ def bind_input_shapes(
     if missing or unnamed:
         parts = []
         if missing:
+            ask = [n for n in binding_names(missing) if n not in learned]
             uses = "; ".join(
-                f"'{n}' ({', '.join(f'input {i!r} dim {a}' for i, a in w)})" for n, w in missing.items()
+                f"'{n}' ({', '.join(f'input {i!r} dim {a}' for i, a in known.get(n, []))})"
+                if known.get(n)
+                else f"'{n}'"
+                for n in ask
             )
-            parts.append(
-                f"{len(missing)} symbolic dim(s) are unbound: {uses}; bind them with {dim_line(missing)}"
-            )
+            parts.append(f"{len(ask)} symbolic dim(s) are unbound: {uses}; bind them with {dim_line(ask)}")
+            derived = [f"'{n}'" for n in missing if dim_expression(n) is not None]
+            if derived:
+                parts[-1] += f" ({', '.join(derived)} follow from them)"
             first = next(i for i in inputs if i.name == next(iter(missing.values()))[0][0])
             if all(i == first.name for w in missing.values() for i, _ in w):  # one input holds them all
                 hint = (
@@ -201,8 +347,6 @@ def bind_input_shapes(
         raise InputError(
             f"{label}: " + "; ".join(parts + unnamed) + " (mcpc inspect-model MODEL shows every input)"
         )
-    for inp in inputs:
-        _check_empty(graph, inp, bound[inp.name], learned, shapes, usage)
     return bound
 
 
@@ -214,26 +358,6 @@ def _dim_hint(d, is_this: bool, learned: dict[str, int]) -> str:
     if is_this:
         return "N"
     return str(learned.get(d.dim_param, d.dim_param or "?"))
-
-
-def _check_empty(graph, inp, shape, learned, shapes, usage) -> None:
-    """UsageError when a user binding makes ``inp`` empty along an axis where it may not be."""
-    tt = inp.type.tensor_type
-    declared = list(tt.shape.dim) if tt.HasField("shape") else []
-    for axis, size in enumerate(shape):
-        if size != 0 or (axis < len(declared) and declared[axis].HasField("dim_value")):
-            continue  # nonzero, or a 0 the model itself fixes
-        if may_be_empty(graph, inp.name, axis, len(shape)):
-            continue
-        param = declared[axis].dim_param if axis < len(declared) else ""
-        given = f"--dim {param}=0" if param and inp.name not in shapes else ""
-        if not given:
-            given = f"--shape {inp.name}={'x'.join(map(str, shape))}"
-        raise usage(
-            f"{given} makes input '{inp.name}' empty along dim {axis}, but the model computes on it "
-            "(only inputs whose every use is a Concat along that dim, like a KV cache's past_key, "
-            "or a Shape may be empty)"
-        )
 
 
 def _onnx_shapes(
@@ -274,7 +398,10 @@ def _onnx_shapes(
     try:
         m = onnx.shape_inference.infer_shapes(m, strict_mode=True, data_prop=True)
     except onnx.shape_inference.InferenceError as e:
-        _refuse_type_errors(str(e), label)
+        if any(0 in shape for shape in bound.values()):
+            _refuse_type_errors_without_zeros(m, label)
+        else:
+            _refuse_type_errors(str(e), label)
         try:
             m = onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
         except Exception:
@@ -294,7 +421,33 @@ def _onnx_shapes(
 _TYPE_ERROR_MARKS = ("[TypeInferenceError]", "type mismatch", "elem type", "Type Error")
 
 
+def _refuse_type_errors_without_zeros(m: onnx.ModelProto, label: str) -> None:
+    """``_refuse_type_errors`` for a binding with a 0: ONNX's inference may fail on a node the 0
+    leaves undefined (a Reshape copying a 0 dim the input lacks) and cascade into type errors, which
+    say nothing of the model; so the model is judged with every bound 0 read as 1 (the importer
+    then names the node the 0 breaks)."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(m)
+    for inp in probe.graph.input:
+        if inp.type.HasField("tensor_type"):
+            for d in inp.type.tensor_type.shape.dim:
+                if d.HasField("dim_value") and d.dim_value == 0:
+                    d.dim_value = 1
+    try:
+        onnx.shape_inference.infer_shapes(probe, strict_mode=True, data_prop=True)
+    except onnx.shape_inference.InferenceError as e:
+        _refuse_type_errors(str(e), label)
+
+
 def _refuse_type_errors(message: str, label: str) -> None:
     first = message.strip().splitlines()[0] if message.strip() else message
     if any(mark in message for mark in _TYPE_ERROR_MARKS):
         raise InputError(f"{label}: not a valid ONNX model: {first}")
+
+
+def zero_bindings(shapes: dict[str, tuple[int, ...]], dims: dict[str, int]) -> str:
+    """The user's bindings that hold a 0, as they were written (``--dim past_seq=0``, ``--shape
+    ids=1x0``); "" when there is none."""
+    given = [f"--dim {k}=0" for k, v in dims.items() if int(v) == 0]
+    given += [f"--shape {k}={'x'.join(map(str, v))}" for k, v in shapes.items() if 0 in tuple(v)]
+    return " ".join(given)

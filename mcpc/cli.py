@@ -308,6 +308,12 @@ def _print_summary(result) -> None:
     _stdout_console().print(Text(line))
     if report.get("decoder"):
         _stdout_console().print(Text(_decoder_line(report)))
+    for r in report.get("refused") or []:  # an optimisation refused must not cost silently
+        _stdout_console().print(
+            Text(f"refused: {r['optimisation']} of the {r['entry']} entry: {r['reason']}; cost: {r['cost']}")
+        )
+    for text in report.get("import_notes") or []:
+        _stdout_console().print(Text(f"note: {text}"))
     from mcpc.quant_report import summary_lines
 
     for text in summary_lines(report):

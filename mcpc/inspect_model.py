@@ -2,8 +2,9 @@
 
 ``describe_model(path)`` reads the model (weights stay on disk: external data is not loaded) and
 returns a JSON-ready dict: inputs and outputs with dtypes and symbolic dims, the opset imports,
-an op histogram split into what the importer supports and what it does not (the importer's own
-tables and checks, ``mcpc.ir.onnx_import.unsupported_reason``), initializer bytes with a tensor
+an op histogram split into what the importer supports and what it does not, the refused nodes
+grouped by (domain, op type, opset, reason) with count and first node exactly as the importer's
+error lists them (``mcpc.ir.onnx_support.unsupported_groups``), initializer bytes with a tensor
 used by several nodes, or stored twice under one external-data location, counted once, and the
 ready-to-paste ``--dim`` line.  ``format_model`` renders it as text.
 """
@@ -87,8 +88,19 @@ def describe_model(path: str | Path) -> dict[str, Any]:
     """Everything ``inspect-model`` reports about the ONNX model at ``path`` (see the module doc)."""
     import onnx
 
-    from mcpc.ir.onnx_import import MAX_OPSET, MIN_OPSET, unsupported_reason
-    from mcpc.ir.onnx_shapes import _graph_inputs, dim_line, fix_numeric_dims, input_dims, may_be_empty
+    from mcpc.ir.exporter_family import exporter_family
+    from mcpc.ir.onnx_import import MAX_OPSET, MIN_OPSET
+    from mcpc.ir.onnx_shapes import (
+        _graph_inputs,
+        binding_names,
+        dim_expression,
+        dim_line,
+        expression_names,
+        fix_numeric_dims,
+        input_dims,
+        may_be_empty,
+    )
+    from mcpc.ir.onnx_support import domain_opsets, import_hints, unsupported_groups
 
     path = Path(path)
     proto = _load(path)
@@ -107,20 +119,16 @@ def describe_model(path: str | Path) -> dict[str, Any]:
         name: {
             "uses": [{"input": i, "axis": a} for i, a in where],
             "may_be_zero": all(may_be_empty(graph, i, a, ranks[i]) for i, a in where),
+            "derived_from": expression_names(tree) if (tree := dim_expression(name)) is not None else None,
         }
         for name, where in dims.items()
     }
 
-    used = {n for node in graph.node for n in node.input} | {o.name for o in graph.output}
-    counts: Counter = Counter()
+    counts: Counter = Counter((node.domain or "ai.onnx", node.op_type) for node in graph.node)
+    groups = unsupported_groups(graph, domain_opsets(proto))
     unsupported: dict[tuple[str, str], list[str]] = {}
-    for index, node in enumerate(graph.node):
-        key = (node.domain or "ai.onnx", node.op_type)
-        counts[key] += 1
-        reason = unsupported_reason(node, default or 0, used) if default is not None else "no ai.onnx opset"
-        if reason is not None:
-            name = node.name or f"{node.op_type}_{index}"
-            unsupported.setdefault(key, []).append(f"{name}: {reason}" if reason else name)
+    for g in groups:
+        unsupported.setdefault((g["domain"], g["op_type"]), []).extend(g["nodes"])
     ops = [
         {
             "domain": domain,
@@ -145,7 +153,7 @@ def describe_model(path: str | Path) -> dict[str, Any]:
                 continue
             seen_external.add(where)
         stored += nbytes
-    return {
+    info = {
         "model": str(path),
         "graph": graph.name,
         "producer": " ".join(p for p in (proto.producer_name, proto.producer_version) if p),
@@ -157,10 +165,13 @@ def describe_model(path: str | Path) -> dict[str, Any]:
         "inputs": [_value(i) for i in inputs],
         "outputs": [_value(o) for o in graph.output],
         "dims": dim_info,
-        "dim_line": dim_line(dims),
+        "dim_line": dim_line(binding_names(dims)),
+        "exporter": exporter_family(proto),
         "nodes": len(graph.node),
         "ops": ops,
         "unsupported_nodes": sum(len(v) for v in unsupported.values()),
+        "unsupported": [{k: v for k, v in g.items() if k != "nodes"} for g in groups],
+        "unsupported_hints": import_hints(groups),
         "initializers": {
             "count": len(graph.initializer),
             "bytes": stored,
@@ -168,6 +179,39 @@ def describe_model(path: str | Path) -> dict[str, Any]:
             "shared": sum(1 for t in graph.initializer if readers[t.name] > 1),
         },
     }
+    info["decoder"] = _decoder_line(proto, path)  # last: it drops the nodes renaming a past input
+    return info
+
+
+def _decoder_line(proto, path: Path) -> dict[str, Any]:
+    """Whether the graph is a decoder with past a ``--max-seq`` build takes: ``{"line"}`` the
+    compile command to use, or ``{"reason"}`` why not (``ir/decoder_graph.recognise``).  Edits
+    ``proto`` in place (``alias_past_inputs``), as the build does."""
+    import shlex
+
+    from mcpc.errors import McpcError
+    from mcpc.ir.decoder_graph import alias_past_inputs, recognise
+
+    names = {i.name for i in proto.graph.input}
+    if not any(n.startswith("past") for n in names):
+        return {"reason": "no past K/V inputs"}
+    from mcpc.ir.merged_decoder import select_cache_branch
+
+    try:
+        merged = select_cache_branch(proto)
+        alias_past_inputs(proto)
+        recognise(proto)
+    except McpcError as e:
+        return {"reason": _first_line(e)}
+    except Exception as e:  # noqa: BLE001 - a description never fails on the recogniser
+        return {"reason": f"{type(e).__name__}: {_first_line(e)}"}
+    line = {"line": f"mcp-compile --max-seq N {shlex.quote(str(path))}"}
+    if merged:
+        line["note"] = (
+            "a merged decoder: a --max-seq build takes its use_cache_branch=true branch (the one with "
+            "past); a compile without --max-seq refuses its If"
+        )
+    return line
 
 
 def _shape_text(shape) -> str:
@@ -178,6 +222,8 @@ def _shape_text(shape) -> str:
 
 def format_model(info: dict[str, Any]) -> str:
     """``describe_model``'s result as the text ``mcpc inspect-model`` prints."""
+    from mcpc.ir.onnx_support import group_text
+
     lines = [
         f"{info['model']}: graph '{info['graph']}'"
         + (f", made by {info['producer']}" if info["producer"] else "")
@@ -186,6 +232,9 @@ def format_model(info: dict[str, Any]) -> str:
     ok = "supported" if info["opset_supported"] else f"NOT supported (mcpc reads {lo} to {hi})"
     others = ", ".join(f"{o['domain']} {o['version']}" for o in info["opsets"] if o["domain"] != "ai.onnx")
     lines.append(f"opset: ai.onnx {info['opset']} ({ok})" + (f"; also {others}" if others else ""))
+    exp = info.get("exporter")
+    if exp:
+        lines.append(f"exporter: {exp['family']} ({exp['evidence']})")
     for kind in ("inputs", "outputs"):
         lines.append(f"{kind}:")
         for v in info[kind]:
@@ -196,23 +245,32 @@ def format_model(info: dict[str, Any]) -> str:
         for name, d in info["dims"].items():
             uses = ", ".join(f"{u['input']} dim {u['axis']}" for u in d["uses"])
             zero = "; may be 0 (only concatenated along it or its shape read)" if d["may_be_zero"] else ""
-            lines.append(f"  {name}: {uses}{zero}")
+            derived = f"; derived from {', '.join(d['derived_from'])}" if d.get("derived_from") else ""
+            lines.append(f"  {name}: {uses}{zero}{derived}")
         lines.append(f"bind them with: {info['dim_line']}")
     else:
         lines.append("symbolic dims: none (every input shape is fixed)")
-    n_unsup = info["unsupported_nodes"]
+    dec = info.get("decoder") or {}
+    if dec.get("line"):
+        lines.append(f"a decoder with past: build it for generation with: {dec['line']}")
+        if dec.get("note"):
+            lines.append(f"  ({dec['note']})")
+    elif dec.get("reason") and dec["reason"] != "no past K/V inputs":
+        lines.append(f"not a --max-seq decoder: {dec['reason']}")
+    n_unsup, ops = info["unsupported_nodes"], info["ops"]
     lines.append(
         f"ops: {info['nodes']} nodes, {len(info['ops'])} op types; "
         + (f"{n_unsup} node(s) unsupported" if n_unsup else "all supported")
     )
-    for op in info["ops"]:
-        name = op["op_type"] if op["domain"] == "ai.onnx" else f"{op['domain']}.{op['op_type']}"
+    names = [o["op_type"] if o["domain"] == "ai.onnx" else f"{o['domain']}.{o['op_type']}" for o in ops]
+    width = max([28, *map(len, names)])
+    for name, op in zip(names, ops, strict=True):
         mark = "ok" if op["supported"] else f"UNSUPPORTED ({len(op['unsupported_nodes'])})"
-        lines.append(f"  {name:<28} {op['count']:>6}  {mark}")
-        for node in op["unsupported_nodes"][:5]:
-            lines.append(f"      {node}")
-        if len(op["unsupported_nodes"]) > 5:
-            lines.append(f"      ... and {len(op['unsupported_nodes']) - 5} more")
+        lines.append(f"  {name:<{width}} {op['count']:>6}  {mark}")
+        for g in info["unsupported"]:
+            if (g["domain"], g["op_type"]) == (op["domain"], op["op_type"]):
+                lines.append(f"      {group_text(g)}")
+    lines += [f"  {hint}" for hint in info["unsupported_hints"]]
     init = info["initializers"]
     lines.append(
         f"initializers: {init['count']} tensors, {init['bytes']} bytes ({init['bytes'] / 2**20:.2f} MiB)"

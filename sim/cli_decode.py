@@ -191,6 +191,14 @@ def generate_command(
     else:
         prompts = [tok.encode(prompt_text).ids]
     dec = DecoderSession(program, prefix_sharing=not no_prefix_sharing)
+    console = Console(soft_wrap=True, highlight=False)
+    conv = dec.meta.convention
+    if conv and conv.get("line"):  # how the compile read the model's own I/O names
+        console.print(conv["line"])
+    extent = ((dec.session.program.program.meta or {}).get("decoder") or {}).get("row_extent") or {}
+    refused = (extent.get("prefill") or {}).get("refused")
+    if refused:  # said at compile time too; TTFT below pays for it
+        console.print(f"note: the prefill runs every call at its full chunk (row extents refused: {refused})")
     report = dec.generate_many(prompts, max_new_tokens)
     many = prompts_path is not None  # --prompts: one list per prompt, even for a file of one
     outs = report["generated_ids"] if len(prompts) > 1 else [report["generated_ids"]]
@@ -199,7 +207,6 @@ def generate_command(
     if tok is not None:
         texts = [tok.decode(ids) for ids in outs]
         report["generated_text"] = texts if many else texts[0]
-    console = Console(soft_wrap=True, highlight=False)
     for i, ids in enumerate(outs):
         label = f"prompt {i}" if many else "prompt"
         console.print(f"{label} ({len(prompts[i])} tokens) -> {' '.join(map(str, ids))}")

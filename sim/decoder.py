@@ -62,6 +62,8 @@ class DecoderMeta:
     heat: dict | None = None  # the attention heat global the program writes (docs/decoding.md)
     kv_pool: dict | None = None  # a compressing build's pool and descriptor table (mcpc.kv.pool)
     prefill_rows: str | None = None  # the host register of a prefill's token rows in use
+    convention: dict | None = None  # the model's I/O convention the compile found (ir/exporter_family.py)
+    eos_ids: tuple[int, ...] = ()  # generation stops after these (the model's genai_config.json)
 
     def call_registers(self, entry: str, used: int, rows: Sequence[int]) -> dict[str, int]:
         """The host registers of one call: ``kv_blocks`` = ``used``, and for ``prefill`` (when the
@@ -102,6 +104,8 @@ class DecoderMeta:
                 heat=meta.get("heat"),
                 kv_pool=meta.get("kv_pool"),
                 prefill_rows=meta.get("prefill_rows"),
+                convention=meta.get("convention"),
+                eos_ids=tuple(int(i) for i in meta.get("eos_ids") or ()),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(
@@ -487,6 +491,9 @@ class DecoderSession:
         decode step for the whole group).  A prompt's TTFT counts its group's prefill cycles up to
         the end of its own.
 
+        A continuation stops early after an end-of-sequence id the build recorded (``eos_ids``: from
+        the model's genai_config.json), as ONNX Runtime GenAI's generator does.
+
         Returns the report (see docs/simulator.md "Decoding"): generated_ids (a list, or a list of
         lists for several prompts), ttft_ms, tpot_ms, cycles_per_token, latency_us_per_token,
         roofline_us_per_token, kv_bytes, kv_bytes_unshared, ...
@@ -518,14 +525,14 @@ class DecoderSession:
                 logits = self.prefill([(seqs[i], prompts[i][cached[i] :])])[0]
                 ttft_cycles[i] = sum(step["cycles"] for step in self.steps[mark:])
                 generated[i].append(int(np.argmax(logits[-1])))
-            live = [i for i in group if len(generated[i]) < max_new_tokens]
+            live = [i for i in group if not self._finished(generated[i], max_new_tokens)]
             while live:
                 out = self.decode([seqs[i] for i in live], [generated[i][-1] for i in live])
                 for k, i in enumerate(live):
                     generated[i].append(int(np.argmax(out[k])))
-                for i in [i for i in live if len(generated[i]) >= max_new_tokens]:
+                for i in [i for i in live if self._finished(generated[i], max_new_tokens)]:
                     self.free(seqs[i])
-                live = [i for i in live if len(generated[i]) < max_new_tokens]
+                live = [i for i in live if not self._finished(generated[i], max_new_tokens)]
             for i in group:
                 if seqs[i] in self.kv:
                     self.free(seqs[i])
@@ -538,6 +545,10 @@ class DecoderSession:
             ttft_cycles=ttft_cycles if len(prompts) > 1 else ttft_cycles[0],
         )
         return report
+
+    def _finished(self, ids: list[int], max_new_tokens: int) -> bool:
+        """A continuation is done at ``max_new_tokens`` or after an end-of-sequence id (kept)."""
+        return len(ids) >= max_new_tokens or (bool(ids) and ids[-1] in self.meta.eos_ids)
 
     def _timing(self, steps: list[dict]) -> dict:
         """Decode-step means (prefill excluded), roofline and KV bytes over ``steps``."""

@@ -19,6 +19,7 @@ from mcpc.examples import build_examples
 
 FIXTURES = Path(__file__).resolve().parents[1] / "torch_models" / "fixtures"
 GPT_KV = FIXTURES / "gpt_kv-dynamo-op18.onnx"  # input_ids [batch, seq], past K/V [batch, 4, past_seq, 16]
+GPT_KV_TS = FIXTURES / "gpt_kv-torchscript-op17.onnx"  # the same dims, TorchScript's graph
 BERT = FIXTURES / "bert-dynamo-op18.onnx"  # input_ids, attention_mask [batch, seq]
 KV_DIMS = "batch (input_ids dim 0, past_key_0 dim 0"
 
@@ -57,10 +58,10 @@ def test_unbound_dims_are_all_listed_with_the_dim_line(tmp_path):
 @pytest.mark.parametrize(
     "model, args, fragment",
     [
-        (
-            GPT_KV,
-            ["--dim", "batch=1", "--dim", "seq=0", "--dim", "past_seq=2"],
-            "--dim seq=0 makes input 'input_ids' empty",
+        (  # (the dynamo export's graph fails earlier: a Reshape copying a 0 dim, as ONNX Runtime does)
+            GPT_KV_TS,
+            ["--dim", "batch=1", "--dim", "seq=0", "--dim", "past_seq=0"],
+            "--dim seq=0 --dim past_seq=0 makes every output empty (logits 1x0x256, present_key_0",
         ),
         (
             GPT_KV,
@@ -78,14 +79,27 @@ def test_unbound_dims_are_all_listed_with_the_dim_line(tmp_path):
             "--shape input_ids=1x-3: sizes must be >= 0",
         ),
         (GPT_KV, ["--shape", "ids=1x3", "--dim", "past_seq=2"], "--shape ids=1x3: 'ids' is not an input"),
-        (GPT_KV, ["--shape", "input_ids=1x0", "--dim", "past_seq=2"], "--shape input_ids=1x0 makes input"),
-        (BERT, ["--dim", "batch=1", "--dim", "seq=0"], "--dim seq=0 makes input 'input_ids' empty"),
+        (
+            GPT_KV_TS,
+            ["--shape", "input_ids=1x0", "--dim", "past_seq=0"],
+            "--dim past_seq=0 --shape input_ids=1x0 makes every output empty",
+        ),
     ],
 )
 def test_bad_dims_are_usage_errors_listing_the_model_dims(tmp_path, model, args, fragment):
     msg = error_paragraph(run(["compile", model, "--emit", "ir", "-o", tmp_path / "m.mcpir", *args]), 2)
     assert fragment in msg
     assert "the model's symbolic dims: batch (input_ids dim 0" in msg
+
+
+def test_a_zero_onnx_leaves_undefined_is_refused_naming_the_node(tmp_path):
+    # BERT with no tokens: ONNX Runtime fails at this Reshape too (a 0 copies a dim the input lacks)
+    args = ["compile", BERT, "--emit", "ir", "-o", tmp_path / "m.mcpir", "--dim", "batch=1", "--dim", "seq=0"]
+    msg = error_paragraph(run(args), 3)
+    assert "node 'node_Reshape_97' (op_type Reshape, opset 18)" in msg
+    assert "a dim bound to 0 reaches this Reshape (inputs bound as input_ids=1x0" in msg
+    assert "not a valid ONNX model" not in msg  # ONNX's inference fails on it too: not the model's fault
+    assert not (tmp_path / "m.mcpir").exists()
 
 
 def test_zero_past_seq_compiles_a_prefill(tmp_path):
@@ -193,9 +207,52 @@ def test_inspect_model_json_counts_ops_support_and_weights_once(tmp_path):
     assert not ops["Det"]["supported"] and ops["Det"]["unsupported_nodes"] == ["det"]
     assert ops["MyOp"]["domain"] == "com.example" and not ops["MyOp"]["supported"]
     assert info["unsupported_nodes"] == 2
+    # the importer's groups, each saying why (the same ones `compile` refuses with, exit 4)
+    assert info["unsupported"] == [
+        {
+            "domain": "ai.onnx",
+            "op_type": "Det",
+            "opset": 17,
+            "reason": "not imported",
+            "count": 1,
+            "first_node": "det",
+        },
+        {
+            "domain": "com.example",
+            "op_type": "MyOp",
+            "opset": 1,
+            "reason": "domain com.example is not imported",
+            "count": 1,
+            "first_node": "custom",
+        },
+    ]
     assert info["initializers"] == {"count": 1, "bytes": 64, "bytes_listed": 64, "shared": 1}
     text = run(["inspect-model", model]).output
     assert "2 node(s) unsupported" in text and "UNSUPPORTED (1)" in text
+    assert "Det (ai.onnx opset 17), 1 node 'det': not imported" in text
+    assert "MyOp (com.example opset 1), 1 node 'custom': domain com.example is not imported" in text
+    assert "docs/onnx-ops.md lists every op mcpc imports" in text
+
+
+def test_compile_refuses_every_unsupported_op_in_one_paragraph_exit_4(tmp_path):
+    """Many unsupported nodes: one paragraph, grouped with count and first node, exit 4; what
+    inspect-model shows for the same model."""
+    nodes = [helper.make_node("Det", ["x"], [f"d{i}"], name=f"det{i}") for i in range(3)]
+    nodes.append(helper.make_node("MyOp", ["x"], ["y"], name="custom", domain="com.example"))
+    outs = [helper.make_tensor_value_info(f"d{i}", TensorProto.FLOAT, []) for i in range(3)]
+    outs.append(helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 4]))
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])], outs
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)]
+    model = tmp_path / "m.onnx"
+    model.write_bytes(helper.make_model(graph, opset_imports=opsets).SerializeToString())
+    msg = error_paragraph(run(["compile", model, "-o", tmp_path / "m.mcpb"]), 4)
+    groups = "Det (ai.onnx opset 17), 3 nodes, first 'det0': not imported; MyOp (com.example opset 1), 1 node"
+    assert f"4 nodes cannot be imported, in 2 groups: {groups} 'custom': domain com.example" in msg
+    assert "det1" not in msg and not (tmp_path / "m.mcpb").exists()
+    text = run(["inspect-model", model]).output
+    assert "Det (ai.onnx opset 17), 3 nodes, first 'det0': not imported" in text
 
 
 @pytest.mark.parametrize("content", [None, b"not a model at all"])
@@ -220,8 +277,8 @@ def _console(*args, cwd=None) -> subprocess.CompletedProcess:
 
 
 def test_console_script_exit_codes(examples, tmp_path):
-    bad_dim = _console("compile", GPT_KV, "--emit", "ir", "-o", tmp_path / "m.mcpir", "--dim", "batch=1",
-                       "--dim", "seq=0", "--dim", "past_seq=1")  # fmt: skip
+    bad_dim = _console("compile", GPT_KV_TS, "--emit", "ir", "-o", tmp_path / "m.mcpir", "--dim", "batch=1",
+                       "--dim", "seq=0", "--dim", "past_seq=0")  # fmt: skip
     assert bad_dim.returncode == 2 and "--dim seq=0" in bad_dim.stderr and "Traceback" not in bad_dim.stderr
     small = _console(
         "compile", examples / "mlp.onnx", "-o", tmp_path / "m.mcpb", "--set", "dram.size_bytes=1000"

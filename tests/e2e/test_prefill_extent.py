@@ -90,6 +90,55 @@ module @m {
     assert token_axes(fn, 4)[fn.outputs[0]] == (1,)
 
 
+_ROPE_ANGLES = """
+module @m {
+  func @prefill(%p: tensor<1x4xf32>, %f: tensor<1x8x1xf32>) -> ("y": tensor<1x4x8xf32>) {
+    %1 = mcp.reshape %p {shape = [1, 1, 4]} : (tensor<1x4xf32>) -> tensor<1x1x4xf32>
+    %2 = mcp.matmul %f, %1 {out = f32} : (tensor<1x8x1xf32>, tensor<1x1x4xf32>) -> tensor<1x8x4xf32>
+    %3 = mcp.transpose %2 {perm = [0, 2, 1]} : (tensor<1x8x4xf32>) -> tensor<1x4x8xf32>
+    mcp.return %3 : (tensor<1x4x8xf32>) -> ()
+  }
+}
+"""
+
+
+def test_analysis_follows_token_rows_through_a_matmuls_b_columns():
+    """RoPE's angles as Optimum exports them, inv_freq[:, None] @ positions[None, :] then a
+    transpose: the positions are B, its columns the token rows; column n of the product reads
+    column n of B only, so the rows stay row-local and the transpose brings them back to axis 1."""
+    fn = parse_module(_ROPE_ANGLES).functions["prefill"]
+    tok = token_axes(fn, 4)
+    matmul = next(op for op in fn.ops if op.name == "mcp.matmul")
+    assert tok[matmul.results[0]] == (2,)
+    assert tok[fn.outputs[0]] == (1,)
+
+
+_MIXING = """
+module @m {
+  func @prefill(%p: tensor<1x4xf32>, %f: tensor<8x4xf32>) -> ("y": tensor<RESULT>) {
+    %0 = mcp.reshape %p {shape = [4, 1]} : (tensor<1x4xf32>) -> tensor<4x1xf32>
+    %1 = mcp.matmul A, B {out = f32} : (tensor<TA>, tensor<TB>) -> tensor<RESULT>
+    mcp.return %1 : (tensor<RESULT>) -> ()
+  }
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "a, b, ta, tb, result, why",
+    [
+        # the positions as B's rows, its contraction axis: every output reads every token
+        ("%f", "%0", "8x4xf32", "4x1xf32", "8x1xf32", "contraction axis"),
+        # token rows in A's rows and in B's columns: out[m, n] mixes token m with token n
+        ("%0", "%p", "4x1xf32", "1x4xf32", "4x4xf32", "both matmul operands"),
+    ],
+)
+def test_analysis_refuses_a_matmul_mixing_token_rows(a, b, ta, tb, result, why):
+    text = _MIXING.replace("A, B", f"{a}, {b}").replace("TA", ta).replace("TB", tb).replace("RESULT", result)
+    with pytest.raises(NotRowLocal, match=why):
+        token_axes(parse_module(text).functions["prefill"], 4)
+
+
 def test_two_sequences_a_call_padded_per_sequence():
     """A --max-batch 2 build: slot 1's rows follow slot 0's C rows; the extent runs through slot
     1's last token, and both sequences' rows in use are the interpreter's."""

@@ -1,5 +1,6 @@
 """Binding symbolic dims at import: every unbound dim at once, and bad --dim/--shape values as usage
-errors (exit 2) that list the model's dims; zero only where every use tolerates an empty input."""
+errors (exit 2) that list the model's dims; a zero is a size like any other, refused only when it
+empties every output."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from mcpc.ir.onnx_import import import_onnx
 from mcpc.ir.onnx_shapes import input_dims, may_be_empty
 
 
-def kv_model(via_cast: bool = False):
+def kv_model(via_cast: bool = False, shape_output: bool = True):
     """ids [batch, seq] gathered from a table; past [batch, past_seq, 4] concatenated with the new
-    rows along axis 1 (-2 here, to exercise negative axes); the Shape of past is read as well."""
+    rows along axis 1 (-2 here, to exercise negative axes); the Shape of past is read as well (an
+    output unless ``shape_output`` is false)."""
     table = numpy_helper.from_array(np.arange(40, dtype=np.float32).reshape(10, 4), "table")
     nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"], name="embed")]
     past = "past"
@@ -28,10 +30,13 @@ def kv_model(via_cast: bool = False):
         helper.make_node("Concat", [past, "emb"], ["kv"], axis=-2, name="cat"),
         helper.make_node("Shape", ["past"], ["past_shape"], name="shape"),
     ]
+    outputs = [vi("kv", ["batch", "total", 4])]
+    if shape_output:
+        outputs.append(vi("past_shape", [3], TensorProto.INT64))
     return make_model(
         nodes,
         [vi("ids", ["batch", "seq"], TensorProto.INT64), vi("past", ["batch", "past_seq", 4])],
-        [vi("kv", ["batch", "total", 4]), vi("past_shape", [3], TensorProto.INT64)],
+        outputs,
         [table],
     )
 
@@ -71,14 +76,13 @@ def test_unnamed_symbolic_dim_gets_a_shape_hint():
         ({}, {"batch": 1, "seq": -2, "past_seq": 3}, "--dim seq=-2: a size must be >= 0"),
         ({"ids": (1, -2)}, {"past_seq": 3}, "--shape ids=1x-2: sizes must be >= 0"),
         ({"idz": (1, 2)}, {"past_seq": 3}, "'idz' is not an input"),
-        ({}, {"batch": 1, "seq": 0, "past_seq": 3}, "--dim seq=0 makes input 'ids' empty along dim 1"),
-        ({}, {"batch": 0, "seq": 2, "past_seq": 3}, "--dim batch=0 makes input 'ids' empty along dim 0"),
-        ({"ids": (1, 0)}, {"past_seq": 3}, "--shape ids=1x0 makes input 'ids' empty along dim 1"),
+        ({}, {"batch": 1, "seq": 0, "past_seq": 0}, "--dim seq=0 --dim past_seq=0 makes every output empty"),
+        ({"ids": (1, 0)}, {"past_seq": 0}, "--dim past_seq=0 --shape ids=1x0 makes every output empty"),
     ],
 )
 def test_bad_bindings_are_usage_errors_listing_the_dims(shapes, dims, fragment):
     with pytest.raises(UsageError) as e:
-        import_onnx(kv_model(), shapes=shapes, dims=dims)
+        import_onnx(kv_model(shape_output=False), shapes=shapes, dims=dims)
     msg = e.value.message
     assert e.value.exit_code == EXIT_USAGE
     assert fragment in msg
@@ -95,6 +99,25 @@ def test_zero_past_seq_is_a_prefill(via_cast):
     out = interpret(module, {"ids": ids, "past": np.zeros((1, 0, 4), np.float32)})
     np.testing.assert_array_equal(out["kv"], np.arange(40, dtype=np.float32).reshape(10, 4)[ids])
     np.testing.assert_array_equal(out["past_shape"], [1, 0, 4])
+
+
+@pytest.mark.parametrize(
+    "shapes, dims",
+    [
+        ({}, {"batch": 1, "seq": 0, "past_seq": 3}),  # no new rows: kv is the past
+        ({"ids": (1, 0)}, {"past_seq": 3}),
+        ({}, {"batch": 0, "seq": 2, "past_seq": 3}),  # kv empty, past_shape still [0, 3, 4]
+    ],
+)
+def test_a_zero_anywhere_is_a_value_as_onnx_defines_it(shapes, dims):
+    module = import_onnx(kv_model(), shapes=shapes, dims=dims)
+    batch = dims.get("batch", 1)
+    ids = np.zeros((batch, dims.get("seq", 0)), np.int64)
+    past = np.arange(batch * 12, dtype=np.float32).reshape(batch, 3, 4)
+    out = interpret(module, {"ids": ids, "past": past})
+    table = np.arange(40, dtype=np.float32).reshape(10, 4)
+    np.testing.assert_array_equal(out["kv"], np.concatenate([past, table[ids]], axis=1))
+    np.testing.assert_array_equal(out["past_shape"], [batch, 3, 4])
 
 
 def test_may_be_empty_follows_the_kv_cache_pattern_only():

@@ -3,6 +3,7 @@ I/O boundary dtypes, module structure and the ONNX-vs-IR shape cross-check."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -109,31 +110,51 @@ def test_bound_dims_the_model_cannot_take_are_an_input_error():
         import_onnx(model, dims={"seq": 6})
 
 
-def test_unsupported_nodes_are_all_listed():
-    nodes = [
-        helper.make_node("Relu", ["x"], ["a"], name="ok"),
+def test_unsupported_nodes_are_said_once_grouped_by_op_opset_and_reason():
+    """Every refused node in one message: grouped by (domain, op type, opset, reason) in graph order,
+    each group with its count and first node; a handled op type whose nodes fail its check for
+    different reasons makes one group per reason; input dtypes are still listed one by one."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="ok")]
+    outs = []
+    for i in range(3):
+        nodes.append(
+            helper.make_node("CDist", ["a", "a"], [f"fm{i}"], name=f"ms_{i}", domain="com.microsoft")
+        )
+        outs.append(vi(f"fm{i}", [4, 4]))
+    nodes += [
         helper.make_node("NonZero", ["a"], ["nz"], name="nonzero_1"),
         helper.make_node("Hardmax", ["a"], ["v"], name="hardmax_1"),
-        helper.make_node("FusedMatMul", ["a", "a"], ["fm"], name="ms_1", domain="com.microsoft"),
+        helper.make_node("Hardmax", ["a"], ["v2"]),  # unnamed: counted, not first
         helper.make_node("Gelu", ["a"], ["g"], name="gelu_bad", approximate="erf"),
+        helper.make_node("Gelu", ["a"], ["g2"], name="gelu_worse", approximate="cubic"),
+        helper.make_node("MyOp", ["a"], ["y"], name="mine", domain="com.example"),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [vi("x", [4, 4])],
-        [vi("nz", [2, "n"], TensorProto.INT64), vi("v", [4, 4]), vi("fm", [4, 4]), vi("g", [4, 4])],
-        [numpy_helper.from_array(np.array([2], np.int64), "k")],
-    )
+    outs += [vi("nz", [2, "n"], TensorProto.INT64), vi("v", [4, 4]), vi("v2", [4, 4])]
+    outs += [vi("g", [4, 4]), vi("g2", [4, 4]), vi("y", [4, 4])]
+    graph = helper.make_graph(nodes, "g", [vi("x", [4, 4])], outs + [vi("d", [2], TensorProto.DOUBLE)])
+    graph.node.append(helper.make_node("Cast", ["a"], ["d"], name="to_double", to=TensorProto.DOUBLE))
     opsets = [helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)]
+    opsets.append(helper.make_opsetid("com.example", 3))
     model = helper.make_model(graph, opset_imports=opsets)
     with pytest.raises(UnsupportedError) as e:
         import_onnx(model)
+    assert e.value.exit_code == 4
     msg = str(e.value)
-    assert "node 'nonzero_1' (op_type NonZero, opset 20)" in msg
-    assert "node 'hardmax_1' (op_type Hardmax, opset 20)" in msg
-    assert "node 'ms_1' (op_type FusedMatMul, domain com.microsoft" in msg
-    assert "node 'gelu_bad' (op_type Gelu, opset 20): approximate='erf'" in msg
-    assert "'ok'" not in msg
+    assert msg.startswith("model 'g': output 'd': element type DOUBLE is not supported")
+    groups = [
+        "CDist (com.microsoft opset 1), 3 nodes, first 'ms_0': not imported",
+        "NonZero (ai.onnx opset 20), 1 node 'nonzero_1': not imported",
+        "Hardmax (ai.onnx opset 20), 2 nodes, first 'hardmax_1': not imported",
+        "Gelu (ai.onnx opset 20), 1 node 'gelu_bad': approximate='erf' is not defined",
+        "Gelu (ai.onnx opset 20), 1 node 'gelu_worse': approximate='cubic' is not defined",
+        "MyOp (com.example opset 3), 1 node 'mine': domain com.example is not imported",
+    ]
+    assert "9 nodes cannot be imported, in 6 groups: " + groups[0] in msg
+    positions = [msg.index(g) for g in groups]
+    assert positions == sorted(positions), msg
+    assert re.search(r"\. From com\.microsoft mcpc imports only [\w, ]*MatMulNBits[\w, ]*\. ", msg), msg
+    assert msg.endswith("docs/onnx-ops.md lists every op mcpc imports.")
+    assert "'ok'" not in msg and "ms_1" not in msg and "\n" not in msg
 
 
 def test_float64_input_and_old_opset_are_unsupported():

@@ -280,7 +280,7 @@ def test_import_refuses_what_the_ops_cannot_express_naming_the_node():
     ]
     outs = [vi("q", [2, 3], T.UINT8), vi("r", [2, 3], T.UINT8)]
     model = make_model(bad, [vi("x", [2, 3])], outs, inits, opset=23)
-    both = "2 unsupported item.*'qa'.*precision=f16.*'qb'.*precision=bf16"
+    both = "2 nodes cannot be imported, in 2 groups: .*'qa'.*precision=f16.*'qb'.*precision=bf16"
     with pytest.raises(UnsupportedError, match=both):
         import_onnx(model)
     node = helper.make_node("QuantizeLinear", ["x", "s"], ["q"], name="q16", output_dtype=T.INT16)
