@@ -101,9 +101,11 @@ def builds(tmp_path_factory):
 
 def _generate(program: Path, prompt, new: int, tmp_path: Path) -> dict:
     np.save(tmp_path / "ids.npy", np.array(prompt, np.int64))
-    _invoke(cli, "sim", "generate", program, "--prompt-ids", tmp_path / "ids.npy", "--max-new-tokens", new,
-            "--json", tmp_path / "g.json")  # fmt: skip
-    return json.loads((tmp_path / "g.json").read_text())
+    ids, out = tmp_path / "ids.npy", tmp_path / "g.json"
+    res = _invoke(
+        cli, "sim", "generate", program, "--prompt-ids", ids, "--max-new-tokens", new, "--json", out
+    )
+    return {**json.loads((tmp_path / "g.json").read_text()), "output": res.output}
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -111,6 +113,14 @@ def test_max_seq_build_generates_onnx_runtimes_greedy_tokens(name, builds, tmp_p
     rec = MANIFEST["files"][name]
     report = _generate(builds(FIXTURES / name), rec["prompt"], len(rec["greedy"]), tmp_path)
     assert report["generated_ids"] == rec["greedy"]
+    line = next(x for x in report["output"].splitlines() if x.startswith("convention"))
+    want = (
+        "past_key_values.{i}.key|value -> present.{i}.key|value"
+        if "plain" in name
+        else "past_key_values.layers.{i}.keys|past_key_values.layers.{i}.values -> "
+        "cache.layers.{i}.keys|cache.layers.{i}.values (paired by structure"
+    )
+    assert line.startswith("convention (torch.onnx.export, dynamo exporter): " + want), line
 
 
 @pytest.mark.parametrize("name", FILES)
