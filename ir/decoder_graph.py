@@ -42,6 +42,7 @@ _TORCH = re.compile(r"^past_(key|value)_(\d+)$")
 # ops a K/V tensor may pass through between the cache and the attention matmuls: GQA's repeat_kv
 _REPEAT = ("Unsqueeze", "Expand", "Reshape", "Identity")
 _CAST_LIKE = ("Cast", "Identity")
+_KINDS = {"key": "key", "keys": "key", "k": "key", "value": "value", "values": "value", "v": "value"}
 
 
 @dataclass
@@ -57,6 +58,7 @@ class Layer:
     q: str = ""  # Q before any scale factor
     factors: list[tuple[str, bool]] = field(default_factory=list)  # (scalar tensor, divides)
     mask_nodes: list[onnx.NodeProto] = field(default_factory=list)
+    guard: onnx.NodeProto | None = None  # Where(no key visible, 0, attention) after the V matmul
     kv_heads: int = 0
     q_heads: int = 0
     head_dim: int = 0
@@ -137,6 +139,8 @@ def _attr(node: onnx.NodeProto, key: str, default=None):
 
 def _past_inputs(g: GraphIndex) -> dict[int, Layer]:
     layers: dict[int, Layer] = {}
+    if not any(_HF.match(vi.name) or _TORCH.match(vi.name) for vi in g.inputs):
+        return _past_by_structure(g)
     for vi in g.inputs:
         hf, torch = _HF.match(vi.name), _TORCH.match(vi.name)
         if hf:
@@ -156,11 +160,51 @@ def _past_inputs(g: GraphIndex) -> dict[int, Layer]:
     return layers
 
 
+def _kind_and_layer(name: str) -> tuple[str | None, int | None]:
+    """The K/V kind and layer number a past input's name carries, read from its last parts:
+    ``past_key_values.layers.3.keys`` -> ("key", 3); (None, None) where it says neither."""
+    parts = re.split(r"[._/]", name)
+    kind = next((_KINDS[p.lower()] for p in reversed(parts) if p.lower() in _KINDS), None)
+    layer = next((int(p) for p in reversed(parts) if p.isdigit()), None)
+    return kind, layer
+
+
+def _past_by_structure(g: GraphIndex) -> dict[int, Layer]:
+    """The layers of a graph whose past/present names follow neither convention (torch's dynamo
+    exporter through transformers: ``past_key_values.layers.{i}.keys|values`` ->
+    ``cache.layers.{i}.keys|values``): each graph output computed by ``Concat(input, new)`` of a
+    rank-4 graph input along axis 2 is a present, that input its past; the name's last parts say
+    key or value and the layer (refused, naming the input, when they do not)."""
+    layers: dict[int, Layer] = {}
+    names = {vi.name for vi in g.inputs if len(vi.type.tensor_type.shape.dim) == 4}
+    for out in g.graph.output:
+        node = g.producer.get(out.name)
+        if node is None or node.op_type != "Concat" or len(node.input) != 2 or node.input[0] not in names:
+            continue
+        if _attr(node, "axis") not in (2, -2):
+            continue
+        past = node.input[0]
+        kind, index = _kind_and_layer(past)
+        if kind is None or index is None:
+            raise g.refuse(
+                f"input '{past}' is extended into output '{out.name}' by {g.name(node)} like a past K/V, but "
+                "its name says neither key/value nor a layer number"
+            )
+        layer = layers.setdefault(index, Layer(index))
+        if kind in layer.past:
+            raise g.refuse(f"inputs '{layer.past[kind]}' and '{past}' both read as layer {index}'s {kind}")
+        layer.past[kind], layer.present[kind] = past, out.name
+    return layers
+
+
 def alias_past_inputs(model: onnx.ModelProto) -> int:
     """Drop, in place, the Identity and one-input Concat nodes that only rename a past K/V input
     (a TorchScript export wraps the first layer's past so), pointing their readers at the input;
     returns how many went."""
     past = {vi.name for vi in model.graph.input if _HF.match(vi.name) or _TORCH.match(vi.name)}
+    if not past:  # names of neither convention: the inputs of each present's Concat
+        found = _past_by_structure(GraphIndex(model)).values()
+        past = {n for layer in found for n in layer.past.values()}
     outputs = {o.name for o in model.graph.output}
     rename: dict[str, str] = {}
     keep = []
@@ -197,6 +241,7 @@ def recognise(model: onnx.ModelProto) -> DecoderGraph:
             _HF.match(out.name) or _TORCH.match(out.name)
         ):
             raise g.refuse(f"output '{out.name}' has no past input that it extends")
+    mask_name = "attention_mask" if any(vi.name == "attention_mask" for vi in g.inputs) else None
     for layer in layers.values():
         for kind in ("key", "value"):
             if kind not in layer.past:
@@ -207,7 +252,7 @@ def recognise(model: onnx.ModelProto) -> DecoderGraph:
         for kind in ("key", "value"):
             _match_concat(g, layer, kind)
         if not _match_mha(g, layer):
-            _match_attention(g, layer)
+            _match_attention(g, layer, mask_name)
     rest = [o.name for o in g.graph.output if o.name not in expected]
     if len(rest) != 1:
         raise g.refuse(
@@ -478,8 +523,16 @@ def _shape_only(g: GraphIndex, name: str, depth: int) -> bool:
     return all(_shape_only(g, x, depth + 1) for x in node.input if x)
 
 
-def _match_attention(g: GraphIndex, layer: Layer) -> None:
+def _match_attention(g: GraphIndex, layer: Layer, mask: str | None = None) -> None:
     pk, pv = layer.present["key"], layer.present["value"]
+    fused = [
+        n for n in g.graph.node
+        if n.op_type == "Attention" and n.domain in ("", "ai.onnx") and len(n.input) > 2
+        and _walk_to_cache(g, n.input[2], pv, None) == (0, True)
+    ]  # fmt: skip
+    if fused:
+        _match_fused_attention(g, layer, fused, mask)
+        return
     pvs = [
         n for n in g.graph.node
         if n.op_type == "MatMul" and _walk_to_cache(g, n.input[1], pv, None) == (0, True)
@@ -517,6 +570,72 @@ def _match_attention(g: GraphIndex, layer: Layer) -> None:
         qf.append((node.input[1 - side], node.op_type == "Div"))
         q = node.input[side]
     layer.q, layer.factors, layer.mask_nodes = q, factors + qf, masks
+    layer.guard = _empty_row_guard(g, layer.pv.output[0], mask)
+
+
+def _match_fused_attention(g: GraphIndex, layer: Layer, found: list, mask: str | None) -> None:
+    """ONNX ``Attention`` (opset 23: torch's dynamo exporter writes SDPA so) over the present K/V,
+    4-D (Q [batch, q_heads, seq, head_dim]), its scale an attribute, its mask the additive or boolean
+    input 3; its own past inputs, ``is_causal``, ``softcap`` and the extra outputs are refused."""
+    pk = layer.present["key"]
+    if len(found) != 1:
+        raise g.refuse(f"layer {layer.index}: {len(found)} Attention nodes read '{layer.present['value']}'")
+    node = found[0]
+    if _walk_to_cache(g, node.input[1], pk, None) != (0, True):
+        raise g.refuse(
+            f"layer {layer.index}: {g.name(node)} reads '{layer.present['value']}' but not '{pk}' as K"
+        )
+    extra = [x for x in node.input[4:] if x] + [x for x in node.output[1:] if x]
+    window = max(_attr(node, "left_window_size", -1), _attr(node, "right_window_size", -1)) >= 0
+    why = (
+        f"inputs/outputs {extra} (its own past K/V, nonpad_kv_seqlen or the QK output)" if extra
+        else "is_causal = 1" if _attr(node, "is_causal", 0)
+        else "a softcap" if _attr(node, "softcap", 0.0)
+        else "3-D Q/K/V" if _attr(node, "q_num_heads", 0) or _attr(node, "kv_num_heads", 0)
+        else "a sliding window" if window
+        else None
+    )  # fmt: skip
+    if why:
+        raise g.refuse(
+            f"layer {layer.index}: {g.name(node)} has {why}: the paged build takes the 4-D form only"
+        )
+    scale = _attr(node, "scale", None)
+    if scale is None:
+        scale = 1.0 / float(np.sqrt(layer.head_dim))
+    name = f"{node.name or 'attention'}/mcpc_scale"
+    g.model.graph.initializer.append(numpy_helper.from_array(np.array(scale, np.float32), name))
+    g.inits[name] = g.model.graph.initializer[-1]
+    layer.pv, layer.q, layer.factors = node, node.input[0], [(name, False)]
+    layer.mask_nodes = [node] if len(node.input) > 3 and node.input[3] else []
+    layer.guard = _empty_row_guard(g, node.output[0], mask)
+
+
+def _empty_row_guard(g: GraphIndex, out: str, mask: str | None) -> onnx.NodeProto | None:
+    """The ``Where(cond, 0, attention)`` torch's SDPA export puts after the attention to zero query
+    rows that see no key (``cond`` computed from the attention mask and shapes alone), or None.  A
+    paged decoder's rows always see their own token, so the paged build drops it."""
+    users = g.consumers.get(out, [])
+    if len(users) != 1 or users[0].op_type != "Where" or users[0].input[2] != out:
+        return None
+    node = users[0]
+    zero = g.constant(node.input[1])
+    if zero is None or zero.size != 1 or float(zero.reshape(-1)[0]) != 0.0:
+        return None
+    return node if _from_mask(g, node.input[0], mask, 0) else None
+
+
+def _from_mask(g: GraphIndex, name: str, mask: str | None, depth: int) -> bool:
+    """True when ``name`` is computed from the attention mask, constants and shapes alone."""
+    if depth > 48:
+        return False
+    if (mask is not None and name == mask) or g.constant(name) is not None:
+        return True
+    node = g.producer.get(name)
+    if node is None:
+        return False
+    if node.op_type == "Shape":
+        return True
+    return all(_from_mask(g, x, mask, depth + 1) for x in node.input if x)
 
 
 def _through_guard(g: GraphIndex, name: str) -> str:
@@ -642,6 +761,7 @@ def _attention_nodes(g: GraphIndex, dec: DecoderGraph, scales: list[float], bloc
     replaced.update({id(layer.mha): layer for layer in dec.layers if layer.mha is not None})
     dropped = {id(layer.concat[k]) for layer in dec.layers if layer.gqa is None for k in ("key", "value")}
     gqa = {id(layer.gqa): layer for layer in dec.layers if layer.gqa is not None}
+    dropped |= {id(layer.guard) for layer in dec.layers if layer.guard is not None}
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
     shared: dict[str, tuple[str, str]] = {}  # RoPE tables gathered at the positions, once per cache
@@ -658,7 +778,7 @@ def _attention_nodes(g: GraphIndex, dec: DecoderGraph, scales: list[float], bloc
             nodes.append(node)
             continue
         tag = f"mcpc_kv/layer{layer.index}"
-        q, attn_out = layer.q, node.output[0]
+        q, attn_out = layer.q, (layer.guard or node).output[0]
         if layer.mha is not None:  # [B, S, Nq·H] in and out
             nq, h = layer.q_heads, layer.head_dim
             shape_in, shape_out = f"{tag}/q_shape", f"{tag}/out_shape"

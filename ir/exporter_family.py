@@ -160,6 +160,7 @@ register_family("torch.onnx.export, TorchScript exporter", _torchscript, 50)
 # -- a decoder's I/O convention ------------------------------------------------------------------
 
 _HF_PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+_TORCH_PAST = re.compile(r"^past_(key|value)_(\d+)$")
 
 
 def decoder_convention(dec: Any, merged: bool = False) -> dict[str, Any]:
@@ -170,8 +171,14 @@ def decoder_convention(dec: Any, merged: bool = False) -> dict[str, Any]:
     past, present = first.past["key"], first.present["key"]
     if _HF_PAST.match(past):
         kv = "past_key_values.{i}.key|value -> present.{i}.key|value"
-    else:
+    elif _TORCH_PAST.match(past):
         kv = "past_key_<i> / past_value_<i> -> present_key_<i> / present_value_<i>"
+    else:  # read by structure (ir/decoder_graph.py): e.g. the dynamo export through transformers
+        kv = (
+            f"{_layer_pattern(past, first.index)}|{_layer_pattern(first.past['value'], first.index)} -> "
+            f"{_layer_pattern(present, first.index)}|{_layer_pattern(first.present['value'], first.index)} "
+            "(paired by structure: each present is Concat(past, new))"
+        )
     return {
         "kv": kv,
         "layers": len(dec.layers),
@@ -182,6 +189,16 @@ def decoder_convention(dec: Any, merged: bool = False) -> dict[str, Any]:
         "logits": dec.logits,
         "merged": merged,
     }
+
+
+def _layer_pattern(name: str, index: int) -> str:
+    """``name`` with its last part equal to the layer number written ``{i}``."""
+    parts = re.split(r"([._/])", name)
+    for k in range(len(parts) - 1, -1, -1):
+        if parts[k] == str(index):
+            parts[k] = "{i}"
+            break
+    return "".join(parts)
 
 
 def convention_line(conv: dict[str, Any], exporter: str | None = None) -> str:

@@ -417,6 +417,7 @@ def _topk(ctx, ins):
 # The constant, shape and data-movement handlers live in their own module and register into the
 # tables above when imported; importing them here keeps HANDLERS complete for every caller.
 from mcpc.ir import (  # noqa: E402, F401
+    onnx_handlers_attention,
     onnx_handlers_contrib,
     onnx_handlers_genai,
     onnx_handlers_quant,

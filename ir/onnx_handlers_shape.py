@@ -1,6 +1,6 @@
 """The ONNX handlers for constants, shape subgraphs and data movement (Constant, Shape, Size,
 ConstantOfShape, Range, Reshape, Flatten, (Un)Squeeze, Transpose, Concat, Slice, Split, Gather,
-Expand, Trilu).
+GatherND, Expand, Trilu).
 
 Same contract as ``mcpc.ir.onnx_handlers``, whose tables these register into: that module imports
 this one, so ``HANDLERS`` is complete once either is imported.  Ops with no IR counterpart whose
@@ -220,6 +220,62 @@ def _split(ctx, ins):
 def _gather(ctx, ins):
     data, idx = ins
     return [ctx.emit(ops.GatherOp, [data, idx], {"axis": ctx.attr("axis", 0)})]
+
+
+@handles("GatherND")
+def _gather_nd(ctx, ins):
+    """ONNX GatherND (any ``batch_dims``, opset 12 on) as Reshape → Gather → Reshape.
+
+    data [B..., D_0 .. D_{K-1}, R...] with ``b = batch_dims`` leading batch axes, indices
+    [B..., I..., K]: each index row picks ``data[b..., i_0, .., i_{K-1}]`` (negative i_j counts from
+    the end of D_j), giving [B..., I..., R...].  The indices must be known at import (computed from
+    shapes and constants, as the causal-mask construction of torch's dynamo exporter computes them);
+    they are checked against the dims here and flattened into one row index of data reshaped to
+    [prod(B) · prod(D), R...].  Indices computed from the model's inputs are refused naming the node.
+    """
+    data, idx_term = ins
+    dshape, ishape = list(ctx.shape(data)), list(ctx.shape(idx_term))
+    b = int(ctx.attr("batch_dims", 0))
+    if not ishape or b < 0 or b >= min(len(dshape), len(ishape)):
+        raise ctx.unsupported(
+            f"batch_dims {b} must be less than the ranks of data ({len(dshape)}) and indices ({len(ishape)})"
+        )
+    if dshape[:b] != ishape[:b]:
+        raise InputError(
+            f"{ctx.where()}: the batch dims of data {dshape[:b]} and indices {ishape[:b]} differ"
+        )
+    k = ishape[-1]
+    if not 1 <= k <= len(dshape) - b:
+        raise InputError(
+            f"{ctx.where()}: an index row has {k} entries but data {dshape} has {len(dshape) - b} "
+            f"axes after batch_dims {b}"
+        )
+    if not isinstance(idx_term, np.ndarray):
+        raise ctx.unsupported(
+            "its indices are computed at run time (from the model's inputs); GatherND is supported when "
+            "its indices are known at compile time (computed from shapes and constants, with every dim bound)"
+        )
+    idx = idx_term.astype(np.int64)
+    dims = np.array(dshape[b : b + k], np.int64)
+    bad = (idx < -dims) | (idx >= dims)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise InputError(
+            f"{ctx.where()}: index {int(idx[at])} at indices{list(at)} is out of range for a dim of "
+            f"size {int(dims[at[-1]])} (data {dshape}, batch_dims {b})"
+        )
+    idx = np.where(idx < 0, idx + dims, idx)
+    batch, inner = math.prod(dshape[:b]), int(np.prod(dims))
+    strides = np.array([math.prod(dshape[b + j + 1 : b + k]) for j in range(k)], np.int64)
+    rows = (idx * strides).sum(axis=-1)  # [B..., I...]
+    rows = (
+        rows.reshape(batch, rows.size // batch if batch else 0)
+        + (np.arange(batch, dtype=np.int64) * inner)[:, None]
+    )
+    rest = dshape[b + k :]
+    flat = _reshape(ctx, data, [batch * inner, *rest])
+    picked = ctx.emit(ops.GatherOp, [flat, rows.reshape(-1)], {"axis": 0})
+    return [_reshape(ctx, picked, [*ishape[:-1], *rest])]
 
 
 @handles("Expand")

@@ -54,7 +54,14 @@ from mcpc.ir.dtypes import I32, I64, DType, dtype_from_numpy
 from mcpc.ir.interpreter import evaluate_op
 from mcpc.ir.onnx_handlers import DOMAIN_HANDLERS, HANDLERS, onnx_dtype
 from mcpc.ir.onnx_handlers_genai import ORT_DEFAULT_DOMAIN_OPS
-from mcpc.ir.onnx_shapes import _graph_inputs, _model_dims, _onnx_shapes, bind_input_shapes, zero_bindings
+from mcpc.ir.onnx_shapes import (
+    _graph_inputs,
+    _model_dims,
+    _onnx_shapes,
+    bind_input_shapes,
+    fix_numeric_dims,
+    zero_bindings,
+)
 from mcpc.ir.onnx_support import DEFAULT_DOMAINS as _DEFAULT_DOMAINS
 from mcpc.ir.onnx_support import check_supported, unsupported_reason  # noqa: F401  (re-exported)
 from mcpc.ir.onnx_support import node_attrs as _attrs
@@ -168,6 +175,15 @@ def _first_line(e: Exception) -> str:
 
 def _load(model) -> tuple[onnx.ModelProto, str, str]:
     if isinstance(model, onnx.ModelProto):
+        if any(
+            d.dim_param.isdigit()
+            for vi in [*model.graph.input, *model.graph.output, *model.graph.value_info]
+            for d in vi.type.tensor_type.shape.dim
+        ):  # the caller's proto stays as given
+            copy = onnx.ModelProto()
+            copy.CopyFrom(model)
+            fix_numeric_dims(copy.graph)
+            model = copy
         return model, f"model '{model.graph.name or 'model'}'", model.graph.name or "model"
     path = Path(model)
     if not path.is_file():
@@ -180,6 +196,7 @@ def _load(model) -> tuple[onnx.ModelProto, str, str]:
         ) from None
     if not proto.graph.node and not proto.graph.output:
         raise InputError(f"{path}: cannot read ONNX model: the file holds no graph (truncated or not ONNX?)")
+    fix_numeric_dims(proto.graph)
     return proto, str(path), path.stem
 
 

@@ -27,6 +27,21 @@ def _graph_inputs(graph: onnx.GraphProto) -> list[onnx.ValueInfoProto]:
     return [i for i in graph.input if i.name not in inits]
 
 
+def fix_numeric_dims(graph: onnx.GraphProto) -> int:
+    """Turn, in place, every dim named by a decimal number (``"2"``: torch's dynamo exporter names
+    the fixed dims of inputs so, e.g. the heads of ``past_key_values.*`` [s44, "2", s36, "16"]) of
+    the graph's inputs, outputs and value infos into that fixed size; returns how many changed."""
+    changed = 0
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+            continue
+        for d in vi.type.tensor_type.shape.dim:
+            if not d.HasField("dim_value") and d.dim_param.isdigit():
+                d.dim_value = int(d.dim_param)  # clears dim_param (one-of)
+                changed += 1
+    return changed
+
+
 def input_dims(graph: onnx.GraphProto) -> dict[str, list[tuple[str, int]]]:
     """Every symbolic dim param of the real inputs, in order of first use: name -> [(input, axis)]."""
     found: dict[str, list[tuple[str, int]]] = {}

@@ -96,6 +96,7 @@ def describe_model(path: str | Path) -> dict[str, Any]:
         dim_expression,
         dim_line,
         expression_names,
+        fix_numeric_dims,
         input_dims,
         may_be_empty,
     )
@@ -103,6 +104,7 @@ def describe_model(path: str | Path) -> dict[str, Any]:
 
     path = Path(path)
     proto = _load(path)
+    fix_numeric_dims(proto.graph)
     if proto.functions:
         proto = onnx.inliner.inline_local_functions(proto)
     graph = proto.graph

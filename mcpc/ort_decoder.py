@@ -4,7 +4,9 @@ A with-past graph takes the new tokens and the K/V of everything before them and
 logits of the new tokens and the extended K/V.  Both naming conventions in use are understood:
 ``past_key_values.{i}.key|value`` -> ``present.{i}.key|value`` (transformers exports, with an
 ``attention_mask`` over past and new tokens and ``position_ids``) and ``past_key_<i>`` /
-``past_value_<i>`` -> ``present_key_<i>`` / ``present_value_<i>`` (torch exports).
+``past_value_<i>`` -> ``present_key_<i>`` / ``present_value_<i>`` (torch exports); any other naming
+(torch's dynamo exporter: ``past_key_values.layers.{i}.keys`` -> ``cache.layers.{i}.keys``) is read by
+structure, each present output being ``Concat(past input, new)`` (``concat_pairs``).
 
 * ``greedy(model, prompt_ids, max_new_tokens)``: a prefill of the prompt with past length 0, then
   one token per step, feeding each step's present back as the next step's past -> the greedy ids;
@@ -63,21 +65,33 @@ class OrtDecoder:
                 past[(int(m.group(1)), m.group(2))] = name
             elif m := _TORCH_PAST.match(name):
                 past[(int(m.group(2)), m.group(1))] = name
-        self.layers = len(past) // 2
-        want = {(i, kv) for i in range(self.layers) for kv in ("key", "value")}
-        if not past or set(past) != want:
-            raise ValueError(
-                f"{self.path}: no past_key_values.<i>.key|value or past_key_<i> / past_value_<i> inputs "
-                "for every layer 0..n-1: not a decoder graph with past"
-            )
-        self.past_names = [past[(i, kv)] for i in range(self.layers) for kv in ("key", "value")]
-        self.present_names = []
-        for name in self.past_names:
-            hf = _HF_PAST.match(name)
-            cand = f"present.{hf.group(1)}.{hf.group(2)}" if hf else name.replace("past_", "present_", 1)
-            if cand not in outs:
-                raise ValueError(f"{self.path}: input {name} has no present output {cand}")
-            self.present_names.append(cand)
+        if past:
+            self.layers = len(past) // 2
+            want = {(i, kv) for i in range(self.layers) for kv in ("key", "value")}
+            if set(past) != want:
+                raise ValueError(
+                    f"{self.path}: past_key_values.<i>.key|value or past_key_<i> / past_value_<i> inputs "
+                    "not for every layer 0..n-1: not a decoder graph with past"
+                )
+            self.past_names = [past[(i, kv)] for i in range(self.layers) for kv in ("key", "value")]
+            self.present_names = []
+            for name in self.past_names:
+                hf = _HF_PAST.match(name)
+                cand = f"present.{hf.group(1)}.{hf.group(2)}" if hf else name.replace("past_", "present_", 1)
+                if cand not in outs:
+                    raise ValueError(f"{self.path}: input {name} has no present output {cand}")
+                self.present_names.append(cand)
+        else:
+            pairs = concat_pairs(self.path)
+            if not pairs or len(pairs) % 2:
+                raise ValueError(
+                    f"{self.path}: no past_key_values.<i>.key|value or past_key_<i> / past_value_<i> inputs "
+                    "and no graph output that is Concat(past input, new) of a graph input: not a decoder "
+                    "graph with past"
+                )
+            self.layers = len(pairs) // 2
+            self.past_names = [p for p, _ in pairs]
+            self.present_names = [q for _, q in pairs]
         rest = [o for o in outs if o not in self.present_names]
         self.logits_name = "logits" if "logits" in rest else (rest[0] if len(rest) == 1 else None)
         if self.logits_name is None:
@@ -93,7 +107,8 @@ class OrtDecoder:
         if first.type not in _FLOATS:
             raise ValueError(f"{self.path}: {first.name} is {first.type}, not float or float16")
         self.kv_dtype = _FLOATS[first.type]
-        shape = first.shape
+        # a dim named by its number ("2": torch's dynamo exporter writes fixed dims of inputs so) is fixed
+        shape = [int(d) if isinstance(d, str) and d.isdigit() else d for d in first.shape]
         self.kv_heads = shape[1] if isinstance(shape[1], int) else kv_heads
         self.head_dim = shape[3] if isinstance(shape[3], int) else head_dim
         if self.kv_heads is None or self.head_dim is None:
@@ -121,6 +136,26 @@ class OrtDecoder:
         out = self.session.run([self.logits_name, *self.present_names], feeds)
         self.vocab = out[0].shape[-1]
         return out[0], out[1:]
+
+
+def concat_pairs(path: str | Path) -> list[tuple[str, str]]:
+    """The (past input, present output) pairs of a with-past graph read by structure, in the order of
+    the past inputs: each graph output computed as ``Concat(input, new)`` of a graph input along
+    axis 2 (−2) of a rank-4 tensor — how every exporter extends the cache, whatever it names it
+    (torch's dynamo exporter through transformers: ``past_key_values.layers.{i}.keys`` ->
+    ``cache.layers.{i}.keys``).  Reads the graph only (no weights)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    inputs = [vi.name for vi in graph.input if len(vi.type.tensor_type.shape.dim) == 4]
+    outputs = {o.name for o in graph.output}
+    found: dict[str, str] = {}
+    for node in graph.node:
+        axis = next((a.i for a in node.attribute if a.name == "axis"), None)
+        extends = node.op_type == "Concat" and len(node.input) == 2 and axis in (2, -2)
+        if extends and node.output[0] in outputs and node.input[0] in inputs:
+            found[node.input[0]] = node.output[0]
+    return [(p, found[p]) for p in inputs if p in found]
 
 
 def _decoder(model: str | Path | OrtDecoder) -> OrtDecoder:

@@ -249,6 +249,44 @@ CASES = [
     Case("size", "Size", {"x": f(2, 3, 4)}),
     Case("trilu_upper", "Trilu", {"x": f(4, 5)}),
     Case("trilu_lower_k", "Trilu", {"x": f(2, 4, 5)}, {"k": np.array(-1, np.int64)}, attrs={"upper": 0}),
+    # GatherND: indices are initializers (known at import, as the dynamo exporter's causal mask has them)
+    Case("gathernd_full_rows", "GatherND", {"x": f(3, 4)}, {"i": i64(0, 3, 2, -1, -3, 0).reshape(3, 2)}),
+    Case("gathernd_partial", "GatherND", {"x": f(3, 4, 5)}, {"i": i64(2, 0, -1).reshape(3, 1)}),
+    Case("gathernd_nested_idx", "GatherND", {"x": f(4, 3, 2)}, {"i": i64(*range(8)).reshape(2, 2, 2) % 3}),
+    Case(
+        "gathernd_batch1",
+        "GatherND",
+        {"x": f(2, 3, 4)},
+        {"i": i64(1, 3, 0, -4, 2, 1, 0, 2).reshape(2, 2, 2)},
+        attrs={"batch_dims": 1},
+    ),
+    Case(
+        "gathernd_batch2",
+        "GatherND",
+        {"x": f(2, 3, 4, 5)},
+        {"i": (np.arange(12, dtype=np.int64) % 4).reshape(2, 3, 2, 1)},
+        attrs={"batch_dims": 2},
+    ),
+    Case(
+        "gathernd_bool_mask",
+        "GatherND",  # the dynamo exporter's padding-mask lookup: mask[b, kv]
+        {"x": _rng.integers(0, 2, (2, 5)).astype(np.bool_)},
+        {
+            "i": np.stack(
+                np.broadcast_arrays(
+                    np.arange(2)[:, None, None], np.arange(5)[None, None, :] * np.ones((1, 3, 1), np.int64)
+                ),
+                -1,
+            ).astype(np.int64)
+        },
+        opset=18,
+    ),
+    Case(
+        "gathernd_int64",
+        "GatherND",
+        {"x": _rng.integers(-9, 9, (4, 3)).astype(np.int64)},
+        {"i": i64(3, 0, 1).reshape(3, 1)},
+    ),
     Case("argmax_axis1", "ArgMax", {"x": f(3, 7, 2)}, attrs={"axis": 1}),
     Case("argmax_last_nokeep", "ArgMax", {"x": f(4, 9)}, attrs={"axis": -1, "keepdims": 0}),
     Case("topk_last", "TopK", {"x": f(3, 7)}, {"k": i64(3)}, n_out=2),
@@ -349,4 +387,21 @@ def test_dropout_mask_output_is_unsupported():
         [vi("y", [2]), vi("mask", [2], TensorProto.BOOL)],
     )
     with pytest.raises(UnsupportedError, match="node 'drop'.*mask output"):
+        import_onnx(model)
+
+
+def test_gathernd_with_run_time_indices_is_refused_naming_why():
+    node = helper.make_node("GatherND", ["x", "i"], ["y"], name="gnd")
+    model = make_model([node], [vi("x", [3, 4]), vi("i", [2, 2], TensorProto.INT64)], [vi("y", [2])])
+    with pytest.raises(UnsupportedError, match="node 'gnd'.*indices are computed at run time"):
+        import_onnx(model)
+
+
+def test_gathernd_out_of_range_index_is_an_input_error():
+    from mcpc.errors import InputError
+
+    node = helper.make_node("GatherND", ["x", "i"], ["y"], name="gnd")
+    inits = [numpy_helper.from_array(i64(0, 4).reshape(1, 2), "i")]
+    model = make_model([node], [vi("x", [3, 4])], [vi("y", [1])], inits)
+    with pytest.raises(InputError, match="node 'gnd'.*index 4 .*out of range"):
         import_onnx(model)
