@@ -5,7 +5,8 @@ None (an omitted optional input).  Handlers express the node with IR ops through
 which evaluates them at once when every operand is a constant — so a handler never distinguishes
 "shape subgraph" from "real compute".  Ops with no IR counterpart whose inputs must be constant
 (Shape, Size, Range, ConstantOfShape) compute with numpy.  ``CHECKS`` hold the static reasons a
-node of a supported op type is still unsupported, so the importer can list them all up front.
+node of a supported op type is still unsupported (``DOMAIN_CHECKS`` for the other domains' ops), so
+the importer can list them all up front.
 The constant, shape and data-movement handlers are in ``mcpc.ir.onnx_handlers_shape``.
 """
 
@@ -40,6 +41,8 @@ HANDLERS: dict[str, Handler] = {}  # default domain (ai.onnx), by op type
 # Ops of other domains that map trivially onto the IR, by (domain, op type).
 DOMAIN_HANDLERS: dict[tuple[str, str], Handler] = {}
 CHECKS: dict[str, Callable[..., str | None]] = {}
+# The same static checks for DOMAIN_HANDLERS' ops, by (domain, op type): ``onnx_support`` runs both.
+DOMAIN_CHECKS: dict[tuple[str, str], Callable[..., str | None]] = {}
 
 
 def handles(*op_types: str):
@@ -58,6 +61,24 @@ def check(*op_types: str):
         return fn
 
     return register
+
+
+def domain_check(domain: str, *op_types: str):
+    """Register ``fn(node, attrs, opset, used) -> reason | None`` (as ``check`` does) for the ops
+    ``op_types`` of the non-default ``domain``; its docstring's first sentence is the op's row of
+    docs/onnx-ops.md."""
+
+    def register(fn):
+        for t in op_types:
+            DOMAIN_CHECKS[domain, t] = fn
+        return fn
+
+    return register
+
+
+def given(node: onnx.NodeProto, index: int) -> bool:
+    """Whether ``node`` names its input ``index`` (an omitted optional input is absent or "")."""
+    return len(node.input) > index and node.input[index] != ""
 
 
 def _scalar(ctx, value, like) -> np.ndarray:

@@ -33,6 +33,11 @@ Semantics are ONNX Runtime's CPU kernels (``docs/ContribOperators.md`` and
   with α = √(2/π), γ = 0.044715·α, of ``X (+ bias)``), ``FusedMatMul`` (``alpha · op(A) ·
   op(B)`` with ``transA``/``transB``; ``transBatchA``/``transBatchB`` refused).
 ``com.microsoft`` ``Gelu`` is in ``mcpc.ir.onnx_handlers``.
+
+The refusals decided from the node alone (attributes, which optional inputs and outputs it names)
+are ``DOMAIN_CHECKS`` functions (``_*_check``), run on every node before import so that a model's
+unsupported nodes are all named in one message (``mcpc.ir.onnx_support``); the handlers keep the
+refusals that need bound shapes.
 """
 
 from __future__ import annotations
@@ -43,7 +48,15 @@ import numpy as np
 
 from mcpc.ir import ops
 from mcpc.ir.dtypes import F32, I32
-from mcpc.ir.onnx_handlers import DOMAIN_HANDLERS, HANDLERS, _layer_norm_stats, _reshape, _scalar
+from mcpc.ir.onnx_handlers import (
+    DOMAIN_HANDLERS,
+    HANDLERS,
+    _layer_norm_stats,
+    _reshape,
+    _scalar,
+    domain_check,
+    given,
+)
 
 _LOWEST_F32 = float(np.finfo(np.float32).min)
 
@@ -132,15 +145,43 @@ def _heads(ctx, x, batch: int, seq: int, heads: int):
     return _transpose(ctx, _reshape(ctx, x, (batch, seq, heads, width // heads)), (0, 2, 1, 3))
 
 
+_MS = "com.microsoft"
+
+
+def _heads_check(attrs) -> str | None:
+    heads = int(attrs.get("num_heads", 0))
+    return None if heads > 0 else f"num_heads={heads} is not valid (a count > 0 is required)"
+
+
+@domain_check(_MS, "Attention")
+def _attention_check(node, attrs, opset, used):
+    """No ``do_rotary`` (nor in ONNX Runtime's CPU kernel), ``past_present_share_buffer`` or input 6
+    (``past_sequence_length``); ``num_heads`` > 0; ``qkv_hidden_sizes``, when given, three sizes,
+    multiples of ``num_heads``, Q's equal to K's (and V's too when ``present`` is used). The mask
+    forms and weight shapes are checked at import."""
+    if int(attrs.get("do_rotary", 0)):  # ONNX Runtime's CPU kernel refuses it too (MHA + RotaryEmbedding)
+        return f"do_rotary={attrs['do_rotary']} is not supported (nor by ONNX Runtime's CPU kernel)"
+    if int(attrs.get("past_present_share_buffer", 0)):
+        return f"past_present_share_buffer={attrs['past_present_share_buffer']} is not supported"
+    if given(node, 6):
+        return "input 6 (past_sequence_length, a shared past/present buffer) is not supported"
+    if reason := _heads_check(attrs):
+        return reason
+    heads, sizes = int(attrs["num_heads"]), list(attrs.get("qkv_hidden_sizes") or [])
+    if sizes:
+        if len(sizes) != 3 or sizes[0] != sizes[1] or any(s <= 0 or s % heads for s in sizes):
+            return (
+                f"qkv_hidden_sizes={sizes} are not three sizes > 0, multiples of num_heads={heads}, "
+                "Q's equal to K's"
+            )
+        if sizes[2] != sizes[0] and len(node.output) > 1 and node.output[1] in used:
+            return f"the present output is used but qkv_hidden_sizes={sizes} are not one hidden size"
+    return None
+
+
 def _ms_attention(ctx, ins):
     x, w = ins[0], ins[1]
     bias, mask, past, attn_bias = _opt(ins, 2), _opt(ins, 3), _opt(ins, 4), _opt(ins, 5)
-    if _opt(ins, 6) is not None:
-        raise ctx.unsupported("past_sequence_length (a shared past/present buffer) is not supported")
-    if ctx.attr("do_rotary", 0):  # ONNX Runtime's CPU kernel refuses it too (MHA + RotaryEmbedding)
-        raise ctx.unsupported("do_rotary=1 is not supported (nor by ONNX Runtime's CPU kernel)")
-    if ctx.attr("past_present_share_buffer", 0):
-        raise ctx.unsupported("past_present_share_buffer=1 is not supported")
     heads = int(ctx.attr("num_heads", 0))
     xs, ws = ctx.shape(x), ctx.shape(w)
     if len(xs) != 3 or len(ws) != 2 or ws[0] != xs[2]:
@@ -176,10 +217,8 @@ def _ms_attention(ctx, ins):
         k = ctx.emit(ops.ConcatOp, [_slice_axis0(ctx, past, 0), k], {"axis": 2})
         v = ctx.emit(ops.ConcatOp, [_slice_axis0(ctx, past, 1), v], {"axis": 2})
     out = _attend(ctx, q, k, v, mask, attn_bias, past_len, sizes[0] // heads)
-    if len(ctx.node.output) < 2 or not ctx.node.output[1]:
-        return [out]
-    if sizes[2] != sizes[0]:
-        raise ctx.unsupported("the present output needs Q, K and V of one hidden size")
+    if len(ctx.node.output) < 2 or not ctx.node.output[1] or sizes[2] != sizes[0]:
+        return [out]  # present is unbound: with V's size differing, _attention_check refuses its use
     # present [2, B, N, P + S, H]: K and V (after the past), also without a past
     kv_shape = (1, batch, heads, past_len + seq, sizes[0] // heads)
     present = ctx.emit(ops.ConcatOp, [_reshape(ctx, k, kv_shape), _reshape(ctx, v, kv_shape)], {"axis": 0})
@@ -215,6 +254,24 @@ def _attend(ctx, q, k, v, mask, attn_bias, past_len: int, head_size: int):
     return _reshape(ctx, out, (batch, seq, heads * ctx.shape(v)[3]))
 
 
+@domain_check(_MS, "MultiHeadAttention")
+def _multi_head_attention_check(node, attrs, opset, used):
+    """Query, key and value separate (no packed QKV/KV), past_key with past_value, no inputs 8
+    (``past_sequence_length``) or 9 (``cache_indirection``), the ``qk`` output unused, ``num_heads``
+    > 0. Shapes (and ``unidirectional`` over more keys than queries without a past) are checked at
+    import."""
+    if not (given(node, 1) and given(node, 2)):
+        return "packed QKV or packed KV inputs are not supported (query, key and value separate are)"
+    if given(node, 6) != given(node, 7):
+        return "past_key and past_value must be given together"
+    for index, name in ((8, "past_sequence_length"), (9, "cache_indirection")):
+        if given(node, index):
+            return f"input {index} ({name}) is not supported"
+    if len(node.output) > 3 and node.output[3] in used:
+        return "output 3 (qk) is used; it is not supported"
+    return _heads_check(attrs)
+
+
 def _ms_multi_head_attention(ctx, ins):
     """MultiHeadAttention with separate Q, K, V: query [B, S, Dq], key/value [B, L, D] (or [B, N, L,
     H] already split into heads, then without bias), ``bias`` [Dq + Dk + Dv] added after the
@@ -224,20 +281,14 @@ def _ms_multi_head_attention(ctx, ins):
     q, k, v = ins[0], _opt(ins, 1), _opt(ins, 2)
     bias, mask, attn_bias = _opt(ins, 3), _opt(ins, 4), _opt(ins, 5)
     past_k, past_v = _opt(ins, 6), _opt(ins, 7)
-    if any(_opt(ins, i) is not None for i in (8, 9)):
-        raise ctx.unsupported("past_sequence_length and cache_indirection are not supported")
-    if len(ctx.node.output) > 3 and ctx.node.output[3]:
-        raise ctx.unsupported("the qk output is not supported")
     heads = int(ctx.attr("num_heads", 0))
     qs = ctx.shape(q)
-    if k is None or v is None or len(qs) != 3 or len(ctx.shape(k)) not in (3, 4):
+    if len(qs) != 3 or len(ctx.shape(k)) not in (3, 4):
         raise ctx.unsupported(
-            "packed QKV or packed KV inputs are not supported (query, key and value separate are)"
+            f"query {list(qs)} and key {list(ctx.shape(k))} are not [B, S, D] and [B, L, D] or [B, N, L, H]"
         )
-    if heads <= 0 or qs[2] % heads:
+    if qs[2] % heads:
         raise ctx.unsupported(f"num_heads={heads} does not divide the query's hidden size {qs[2]}")
-    if (past_k is None) != (past_v is None):
-        raise ctx.unsupported("past_key and past_value must be given together")
     batch, seq = qs[0], qs[1]
     bnsh = len(ctx.shape(k)) == 4
     keys = ctx.shape(k)[2 if bnsh else 1]
@@ -283,6 +334,14 @@ def _norm_outputs(ctx, total, gamma, beta, eps: float, want_stats: bool):
     return [y, mean, inv]
 
 
+@domain_check(_MS, "EmbedLayerNormalization")
+def _embed_layer_norm_check(node, attrs, opset, used):
+    """segment_ids and segment_embedding given together (or neither). Shapes are checked at import."""
+    if given(node, 1) != given(node, 4):
+        return "segment_ids and segment_embedding must be given together"
+    return None
+
+
 def _ms_embed_layer_norm(ctx, ins):
     ids, seg_ids, word, pos_table = ins[0], _opt(ins, 1), ins[2], ins[3]
     seg_table, gamma, beta, mask, pos_ids = _opt(ins, 4), ins[5], ins[6], _opt(ins, 7), _opt(ins, 8)
@@ -290,8 +349,6 @@ def _ms_embed_layer_norm(ctx, ins):
     if len(shape) != 2:
         raise ctx.unsupported(f"input_ids is {list(shape)}; expected [batch, sequence]")
     batch, seq = shape
-    if (seg_ids is None) != (seg_table is None):
-        raise ctx.unsupported("segment_ids and segment_embedding must be given together")
     if pos_ids is None:
         if seq > ctx.shape(pos_table)[0]:
             raise ctx.unsupported(
@@ -359,9 +416,16 @@ def _swap_last(ctx, x):
     return _transpose(ctx, x, (*range(rank - 2), rank - 1, rank - 2))
 
 
+@domain_check(_MS, "FusedMatMul")
+def _fused_matmul_check(node, attrs, opset, used):
+    """transBatchA = transBatchB = 0 (transA, transB and alpha are imported)."""
+    for key in ("transBatchA", "transBatchB"):
+        if int(attrs.get(key, 0)):
+            return f"{key}={attrs[key]} is not supported (0 is)"
+    return None
+
+
 def _ms_fused_matmul(ctx, ins):
-    if ctx.attr("transBatchA", 0) or ctx.attr("transBatchB", 0):
-        raise ctx.unsupported("transBatchA/transBatchB are not supported")
     a, b = ins[0], ins[1]
     if ctx.attr("transA", 0):
         a = _swap_last(ctx, a)
@@ -374,10 +438,10 @@ def _ms_fused_matmul(ctx, ins):
     return [y]
 
 
-DOMAIN_HANDLERS["com.microsoft", "Attention"] = _ms_attention
-DOMAIN_HANDLERS["com.microsoft", "MultiHeadAttention"] = _ms_multi_head_attention
-DOMAIN_HANDLERS["com.microsoft", "EmbedLayerNormalization"] = _ms_embed_layer_norm
-DOMAIN_HANDLERS["com.microsoft", "SkipLayerNormalization"] = _ms_skip_layer_norm
-DOMAIN_HANDLERS["com.microsoft", "BiasGelu"] = _ms_bias_gelu
-DOMAIN_HANDLERS["com.microsoft", "FastGelu"] = _ms_fast_gelu
-DOMAIN_HANDLERS["com.microsoft", "FusedMatMul"] = _ms_fused_matmul
+DOMAIN_HANDLERS[_MS, "Attention"] = _ms_attention
+DOMAIN_HANDLERS[_MS, "MultiHeadAttention"] = _ms_multi_head_attention
+DOMAIN_HANDLERS[_MS, "EmbedLayerNormalization"] = _ms_embed_layer_norm
+DOMAIN_HANDLERS[_MS, "SkipLayerNormalization"] = _ms_skip_layer_norm
+DOMAIN_HANDLERS[_MS, "BiasGelu"] = _ms_bias_gelu
+DOMAIN_HANDLERS[_MS, "FastGelu"] = _ms_fast_gelu
+DOMAIN_HANDLERS[_MS, "FusedMatMul"] = _ms_fused_matmul

@@ -18,6 +18,11 @@ it decides, as in ONNX Runtime, whether the call is a first prompt (``S == total
 ``0..S-1``, past ignored) or a continuation (positions ``seqlens_k + 1 - S + s``).  Refused,
 naming the node and the field: ``smooth_softmax``, ``qk_output``, the ``position_ids``,
 ``attention_bias`` and ``head_sink`` inputs, a run-time ``total_sequence_length``.
+
+The refusals decided from the node alone (attributes, which optional inputs and outputs it names)
+are ``CHECKS`` / ``DOMAIN_CHECKS`` functions (``_*_check``), run on every node before import so that
+a model's unsupported nodes are all named in one message (``mcpc.ir.onnx_support``); the handlers
+keep the refusals that need bound shapes or constant values.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import numpy as np
 
 from mcpc.ir import ops
 from mcpc.ir.dtypes import I32, U4, U8
-from mcpc.ir.onnx_handlers import DOMAIN_HANDLERS, HANDLERS, _reshape, _scalar
+from mcpc.ir.onnx_handlers import DOMAIN_HANDLERS, HANDLERS, _reshape, _scalar, check, domain_check, given
 
 # Ops ONNX Runtime registers in the default (ai.onnx) domain although the ONNX standard has no such
 # op: onnx.checker refuses them ("No Op registered for ..."), the importer accepts a model whose
@@ -53,11 +58,17 @@ def _rms_norm(ctx, x, gamma, axis: int, eps: float, bias=None):
     return y, inv
 
 
+@check("SimplifiedLayerNormalization")
+def _simplified_layer_norm_check(node, attrs, opset, used):
+    """stash_type must be 1 (float32)."""
+    if int(attrs.get("stash_type", 1)) != 1:
+        return f"stash_type={attrs['stash_type']} is not supported (1, float32, is)"
+    return None
+
+
 def _simplified_layer_norm(ctx, ins):
     """Y = x / sqrt(mean(x²) + epsilon) · scale over the dims from ``axis`` on; optional second
     output inv_std_var (keepdims shape).  ``stash_type`` other than float32 is refused."""
-    if int(ctx.attr("stash_type", 1)) != 1:
-        raise ctx.unsupported(f"stash_type={ctx.attr('stash_type')} is not supported (1, float32, is)")
     x, scale = ins[0], ins[1]
     y, inv = _rms_norm(ctx, x, scale, int(ctx.attr("axis", -1)), float(ctx.attr("epsilon", 1e-5)))
     return [y, inv]
@@ -66,15 +77,20 @@ def _simplified_layer_norm(ctx, ins):
 HANDLERS["SimplifiedLayerNormalization"] = _simplified_layer_norm
 
 
+@domain_check(_MS, "SkipSimplifiedLayerNormalization")
+def _skip_simplified_layer_norm_check(node, attrs, opset, used):
+    """Output 1 (mean) must not be named: the simplified form has no mean."""
+    if len(node.output) > 1 and node.output[1]:
+        return "output 1 (mean) is requested; SkipSimplifiedLayerNormalization has no mean"
+    return None
+
+
 def _skip_simplified_layer_norm(ctx, ins):
     """s = input + skip (+ bias); output = s / sqrt(mean(s²) + epsilon) · gamma over the last dim.
     Outputs: output, mean (not defined for the simplified form: refused when used), inv_std_var,
     input_skip_bias_sum (s)."""
     x, skip, gamma = ins[0], ins[1], ins[2]
     bias = ins[3] if len(ins) > 3 else None
-    outs = list(ctx.node.output)
-    if len(outs) > 1 and outs[1]:
-        raise ctx.unsupported("output 1 (mean) is requested; SkipSimplifiedLayerNormalization has no mean")
     s = ctx.emit(ops.AddOp, [x, skip])
     if bias is not None:
         s = ctx.emit(ops.AddOp, [s, bias])
@@ -172,13 +188,20 @@ def _check_caches(ctx, cos, sin, head: int) -> int:
     return cs[0]
 
 
+@domain_check(_MS, "RotaryEmbedding")
+def _rotary_embedding_check(node, attrs, opset, used):
+    """is_packed_batching must be 0. The input's rank, num_heads and the caches' widths are
+    checked at import."""
+    if int(attrs.get("is_packed_batching", 0)):
+        return f"is_packed_batching={attrs['is_packed_batching']} is not supported (0 is)"
+    return None
+
+
 def _ms_rotary_embedding(ctx, ins):
     """com.microsoft RotaryEmbedding: input [B, S, N·H] (H = hidden / ``num_heads``; without
     num_heads, H is the caches' rotary width 2·cos.shape[1]) or [B, N, S, H]; position_ids [B, S], or
     one offset (positions offset..offset+S−1); cos/sin caches [max_pos, R/2].  ``is_packed_batching``
     is refused."""
-    if int(ctx.attr("is_packed_batching", 0)):
-        raise ctx.unsupported("is_packed_batching=1 is not supported")
     x, pos, cos, sin = ins[0], ins[1], ins[2], ins[3]
     shape = list(ctx.shape(x))
     interleaved = bool(ctx.attr("interleaved", 0))
@@ -224,6 +247,23 @@ def _unpack_last(raw: np.ndarray, bits: int) -> np.ndarray:
     return np.stack([lo, hi], axis=-1).reshape(*raw.shape[:-1], raw.shape[-1] * 2).astype(np.uint8)
 
 
+def _block_check(attrs, default_block: int) -> str | None:
+    """bits 4 or 8 and block_size a power of two >= 16, else why not."""
+    bits, block = int(attrs.get("bits", 4)), int(attrs.get("block_size", default_block))
+    if bits not in (4, 8):
+        return f"bits={bits} is not supported (4 and 8 are)"
+    if block < 16 or block & (block - 1):
+        return f"block_size={block} is not valid (a power of two >= 16)"
+    return None
+
+
+@domain_check(_MS, "GatherBlockQuantized")
+def _gather_block_quantized_check(node, attrs, opset, used):
+    """bits 4 or 8, block_size a power of two >= 16. The data's dtype and quantize_axis (the
+    last) are checked at import."""
+    return _block_check(attrs, 128)
+
+
 def _gather_block_quantized(ctx, ins):
     """``Gather(dequantize(data), indices, gather_axis)``: data uint8 (4-bit codes packed two per
     byte along the last dim, low nibble first, or 8-bit codes), scales one per ``block_size``
@@ -233,14 +273,10 @@ def _gather_block_quantized(ctx, ins):
     g_axis, q_axis = int(ctx.attr("gather_axis", 0)), int(ctx.attr("quantize_axis", 1))
     raw = ctx.const(ins[0], "data (the quantized table)")
     rank = raw.ndim
-    if bits not in (4, 8):
-        raise ctx.unsupported(f"bits={bits} is not supported (4 and 8 are)")
     if raw.dtype != np.uint8:
         raise ctx.unsupported(f"data of {raw.dtype} is not supported (uint8 is)")
     if q_axis % rank != rank - 1:
         raise ctx.unsupported(f"quantize_axis={q_axis} is not supported (the last axis, {rank - 1}, is)")
-    if block < 16 or block & (block - 1):
-        raise ctx.unsupported(f"block_size={block} is not valid (a power of two >= 16)")
     codes = _unpack_last(raw, bits)
     cols = codes.shape[-1]
     blocks = -(-cols // block)
@@ -273,13 +309,37 @@ DOMAIN_HANDLERS[_MS, "GatherBlockQuantized"] = _gather_block_quantized
 _GQA_REFUSED_INPUTS = {9: "position_ids", 10: "attention_bias", 11: "head_sink"}
 
 
-def _gqa_attrs(ctx) -> dict:
+@domain_check(_MS, "GroupQueryAttention")
+def _group_query_attention_check(node, attrs, opset, used):
+    """smooth_softmax = qk_output = 0; num_heads a multiple of kv_num_heads > 0; key with value
+    (or packed QKV), past_key with past_value; inputs 5 (seqlens_k) and 6 (total_sequence_length)
+    given, 7 and 8 (cos/sin caches) with do_rotary, no 9 (position_ids), 10 (attention_bias) or 11
+    (head_sink); output 3 (output_qk) unused. Shapes, and total_sequence_length known at compile
+    time, are checked at import."""
     for key in ("smooth_softmax", "qk_output"):
-        if int(ctx.attr(key, 0)):
-            raise ctx.unsupported(f"{key}={ctx.attr(key)} is not supported (0 is)")
-    heads, kv_heads = int(ctx.attr("num_heads", 0)), int(ctx.attr("kv_num_heads", 0))
+        if int(attrs.get(key, 0)):
+            return f"{key}={attrs[key]} is not supported (0 is)"
+    heads, kv_heads = int(attrs.get("num_heads", 0)), int(attrs.get("kv_num_heads", 0))
     if heads <= 0 or kv_heads <= 0 or heads % kv_heads:
-        raise ctx.unsupported(f"num_heads={heads}, kv_num_heads={kv_heads}: num_heads must be a multiple")
+        return f"num_heads={heads}, kv_num_heads={kv_heads}: num_heads must be a multiple"
+    if given(node, 1) != given(node, 2):
+        return "key and value must be both given or both omitted (packed QKV)"
+    if given(node, 3) != given(node, 4):
+        return "past_key and past_value must be both given or both omitted"
+    if not (given(node, 5) and given(node, 6)):
+        return "inputs 5 (seqlens_k) and 6 (total_sequence_length) are required"
+    if int(attrs.get("do_rotary", 0)) and not (given(node, 7) and given(node, 8)):
+        return "do_rotary=1 needs inputs 7 (cos_cache) and 8 (sin_cache)"
+    for index, name in _GQA_REFUSED_INPUTS.items():
+        if given(node, index):
+            return f"input {index} ({name}) is not supported"
+    if len(node.output) > 3 and node.output[3] in used:
+        return "output 3 (output_qk) is used; it is not supported"
+    return None
+
+
+def _gqa_attrs(ctx) -> dict:
+    heads, kv_heads = int(ctx.attr("num_heads", 0)), int(ctx.attr("kv_num_heads", 0))
     return {
         "heads": heads,
         "kv_heads": kv_heads,
@@ -305,8 +365,6 @@ def _split_qkv(ctx, ins, a):
         raise ctx.unsupported(f"query is {list(qs)}; 3-D [batch, sequence, hidden] is supported")
     b, s, width = qs
     nq, nkv = a["heads"], a["kv_heads"]
-    if (key is None) != (value is None):
-        raise ctx.unsupported("key and value must be both given or both omitted (packed QKV)")
     if key is None:
         h = width // (nq + 2 * nkv)
         if h * (nq + 2 * nkv) != width:
@@ -368,17 +426,10 @@ def _repeat_kv(ctx, t, groups: int):
 
 def _group_query_attention(ctx, ins):
     a = _gqa_attrs(ctx)
-    for index, name in _GQA_REFUSED_INPUTS.items():
-        if len(ins) > index and ins[index] is not None:
-            raise ctx.unsupported(f"input {index} ({name}) is not supported")
-    if len(ctx.node.output) > 3 and ctx.node.output[3]:
-        raise ctx.unsupported("output 3 (output_qk) is not supported")
     q, k, v, h = _split_qkv(ctx, ins, a)
     b, nq, s, _ = ctx.shape(q)
     nkv = a["kv_heads"]
     past_k, past_v = (ins[3] if len(ins) > 3 else None), (ins[4] if len(ins) > 4 else None)
-    if (past_k is None) != (past_v is None):
-        raise ctx.unsupported("past_key and past_value must be both given or both omitted")
     plen = 0
     if past_k is not None:
         for name, t in (("past_key", past_k), ("past_value", past_v)):
@@ -386,8 +437,6 @@ def _group_query_attention(ctx, ins):
             if len(ps) != 4 or ps[0] != b or ps[1] != nkv or ps[3] != h or ps[2] != ctx.shape(past_k)[2]:
                 raise ctx.unsupported(f"{name} is {list(ps)}; expected [{b}, {nkv}, past, {h}]")
         plen = ctx.shape(past_k)[2]
-    if len(ins) < 7 or ins[5] is None or ins[6] is None:
-        raise ctx.unsupported("inputs 5 (seqlens_k) and 6 (total_sequence_length) are required")
     seqlens = _reshape(ctx, ins[5], [b])
     if ctx.dtype(seqlens) != I32:
         seqlens = ctx.emit(ops.CastOp, [seqlens], {"to": I32})
@@ -410,10 +459,7 @@ def _group_query_attention(ctx, ins):
         past_rows = ctx.emit(ops.SubOp, [seqlens, np.array(s - 1, np.int32)])
         pos = ctx.emit(ops.AddOp, [_reshape(ctx, past_rows, [b, 1]), si])
     if a["rotary"]:
-        cos = ins[7] if len(ins) > 7 else None
-        sin = ins[8] if len(ins) > 8 else None
-        if cos is None or sin is None:
-            raise ctx.unsupported("do_rotary=1 needs inputs 7 (cos_cache) and 8 (sin_cache)")
+        cos, sin = ins[7], ins[8]
         _check_caches(ctx, cos, sin, h)
         q, k = _rope(ctx, [q, k], cos, sin, pos, a["interleaved"])
     present_k = _present(ctx, past_k, k, past_rows, rows, first)

@@ -22,7 +22,7 @@ import numpy as np
 from mcpc.errors import UnsupportedError
 from mcpc.ir import ops
 from mcpc.ir.dtypes import F32, QUANTIZED_DTYPES, U4, U8, DType
-from mcpc.ir.onnx_handlers import DOMAIN_HANDLERS, _reshape, check, handles, onnx_dtype
+from mcpc.ir.onnx_handlers import DOMAIN_HANDLERS, _reshape, check, domain_check, handles, onnx_dtype
 from mcpc.ir.ops_quant import DEQUANTIZABLE_DTYPES
 
 
@@ -120,6 +120,22 @@ _ACCURACY_LEVEL_4 = (
 )
 
 
+@domain_check("com.microsoft", "MatMulNBits")
+def _matmul_nbits_check(node, attrs, opset, used):
+    """bits 4 or 8; K, N > 0; block_size a power of two >= 16; accuracy_level 0 to 4. The packed
+    weight, scales and zero points (uint8, constant) are checked at import."""
+    k, n = int(attrs.get("K", 0)), int(attrs.get("N", 0))
+    bits, block = int(attrs.get("bits", 4)), int(attrs.get("block_size", 0))
+    if bits not in (4, 8):
+        return f"bits={bits} is not supported (4 and 8 are)"
+    if k <= 0 or n <= 0 or block < 16 or block & (block - 1):
+        return f"attributes K={k}, N={n}, block_size={block} are not valid"
+    level = int(attrs.get("accuracy_level", 0))
+    if level not in range(5):
+        return f"accuracy_level={level} is not defined (0 to 4)"
+    return None
+
+
 def _ms_matmul_nbits(ctx, ins):
     """``Y = A · dequantize(B)ᵀ (+ bias)``: B [N, blocks, blob] uint8 holds, per output column, the
     K codes of the weight's row (4-bit: two per byte, low nibble first), scales [N·blocks] one per
@@ -128,17 +144,10 @@ def _ms_matmul_nbits(ctx, ins):
     ``mcp.matmul {trans_b}``: the IR contract of a quantized weight, which ``fuse-dequantize-matmul``
     turns into ``mcp.matmul_w4a16``.  ``accuracy_level`` (0–4) does not change the import: A is never
     quantized; level 4, where ONNX Runtime's CPU kernel quantizes A to int8, leaves an import note
-    saying so (``_ACCURACY_LEVEL_4``)."""
+    saying so (``_ACCURACY_LEVEL_4``).  Attribute refusals are ``_matmul_nbits_check``'s, before import."""
     k, n = int(ctx.attr("K", 0)), int(ctx.attr("N", 0))
     bits, block = int(ctx.attr("bits", 4)), int(ctx.attr("block_size", 0))
-    if bits not in (4, 8):
-        raise ctx.unsupported(f"bits={bits} is not supported (4 and 8 are)")
-    if k <= 0 or n <= 0 or block < 16 or block & (block - 1):
-        raise ctx.unsupported(f"attributes K={k}, N={n}, block_size={block} are not valid")
-    level = int(ctx.attr("accuracy_level", 0))
-    if level not in range(5):
-        raise ctx.unsupported(f"accuracy_level={level} is not defined (0 to 4)")
-    if level == 4:
+    if int(ctx.attr("accuracy_level", 0)) == 4:
         ctx.note(_ACCURACY_LEVEL_4)
     a = ins[0]
     raw = ctx.const(ins[1], "B (the quantized weight)")

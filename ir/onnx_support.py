@@ -1,7 +1,9 @@
 """What the ONNX importer refuses up front, and the one message that says all of it.
 
 ``unsupported_reason(node, opset, used)`` says why one node cannot be imported (None: it can), from
-the importer's tables (``HANDLERS``, ``DOMAIN_HANDLERS``) and static checks (``CHECKS``).
+the importer's tables (``HANDLERS``, ``DOMAIN_HANDLERS``) and static checks (``CHECKS``, and
+``DOMAIN_CHECKS`` for the ``com.microsoft`` ops: attributes and optional inputs/outputs a handler does
+not implement, decided from the node alone; refusals that need bound shapes stay in the handlers).
 ``unsupported_groups(graph, opsets)`` groups every refused node by (domain, op type, opset, reason)
 in graph order, with the count and the first node's name; ``check_supported`` raises one
 ``UnsupportedError`` listing every group and every unsupported input/output dtype, so a model with
@@ -13,7 +15,7 @@ from __future__ import annotations
 import onnx
 
 from mcpc.errors import UnsupportedError
-from mcpc.ir.onnx_handlers import CHECKS, DOMAIN_HANDLERS, HANDLERS, onnx_dtype
+from mcpc.ir.onnx_handlers import CHECKS, DOMAIN_CHECKS, DOMAIN_HANDLERS, HANDLERS, onnx_dtype
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 NOT_IMPORTED = "not imported"
@@ -45,11 +47,16 @@ def _domain_not_imported(domain: str) -> str:
 def unsupported_reason(node: onnx.NodeProto, opset: int, used: set[str]) -> str | None:
     """None when the importer handles ``node``; else why not, in words: ``NOT_IMPORTED`` (no
     handler for its op type), "domain D is not imported" (no handler of its domain at all), or a
-    ``CHECKS`` reason (a handled op type with an attribute or use mcpc does not implement).
+    ``CHECKS`` / ``DOMAIN_CHECKS`` reason (a handled op type with an attribute or use mcpc does not
+    implement).
 
-    ``opset`` is the model's default-domain opset; ``used`` holds every value name some node or
-    graph output reads (optional outputs nobody reads may be unsupported without harm)."""
-    if (node.domain, node.op_type) in DOMAIN_HANDLERS:
+    ``opset`` is the model's default-domain opset (also what a ``DOMAIN_CHECKS`` function gets);
+    ``used`` holds every value name some node or graph output reads (optional outputs nobody reads
+    may be unsupported without harm)."""
+    key = (node.domain, node.op_type)
+    if key in DOMAIN_HANDLERS:
+        if key in DOMAIN_CHECKS:
+            return DOMAIN_CHECKS[key](node, node_attrs(node), opset, used) or None
         return None
     if node.domain not in DEFAULT_DOMAINS:
         return NOT_IMPORTED if imported_domain_ops(node.domain) else _domain_not_imported(node.domain)

@@ -15,7 +15,7 @@ import onnx.defs
 import pytest
 
 from mcpc.ir import decoder_import  # noqa: F401  (registers mcpc.kv ops, which the doc leaves out)
-from mcpc.ir.onnx_handlers import CHECKS, DOMAIN_HANDLERS, HANDLERS
+from mcpc.ir.onnx_handlers import CHECKS, DOMAIN_CHECKS, DOMAIN_HANDLERS, HANDLERS
 from mcpc.ir.onnx_import import MAX_OPSET
 from mcpc.ir.onnx_ops_doc import COMMAND, first_sentence, onnx_versions, render
 
@@ -59,6 +59,11 @@ def test_every_check_says_its_limit_in_its_docstring():
         assert first_sentence(fn.__doc__), (
             f"CHECKS['{op_type}'] ({fn.__module__}.{fn.__name__}) has no docstring"
         )
+    for key, fn in DOMAIN_CHECKS.items():
+        assert key in DOMAIN_HANDLERS, f"DOMAIN_CHECKS{key} checks an op no handler imports"
+        assert first_sentence(fn.__doc__), (
+            f"DOMAIN_CHECKS{key} ({fn.__module__}.{fn.__name__}) has no docstring"
+        )
 
 
 @needs_onnx
@@ -74,6 +79,9 @@ def test_a_new_handler_or_check_changes_the_doc(monkeypatch):
     assert "| GatherND | 13–28 | 13 | batch_dims must be 0. |" in render()
     monkeypatch.setitem(DOMAIN_HANDLERS, ("com.microsoft", "FastGelu"), HANDLERS["Gelu"])
     assert "| com.microsoft | FastGelu | " in render() and render() != before
+    monkeypatch.setitem(DOMAIN_CHECKS, ("com.microsoft", "FastGelu"), check)
+    (row,) = [line for line in render().splitlines() if line.startswith("| com.microsoft | FastGelu | ")]
+    assert row.endswith(" | batch_dims must be 0. |")
 
 
 @needs_onnx
