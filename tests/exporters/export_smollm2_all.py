@@ -13,7 +13,9 @@ out; a prefill is a call with an empty past):
   attention, ``Dim.DYNAMIC`` on batch, sequence and past (the exporter names them ``s0``, ``s10``,
   ...), weights inline (the ``torch`` venv);
 * ``optimum/``: ``optimum-cli export onnx --task text-generation-with-past`` (the ``optimum``
-  venv); ``optimum-monolith/`` the same with ``--monolith``, kept only when its graph differs;
+  venv; optimum-onnx 0.1.0 refuses ``--monolith`` with this task: "The task
+  text-generation-with-past is not compatible with the --monolith argument", and writes one
+  ``model.onnx`` with past, no merged decoder, without it);
 * ``genai-fp32/``, ``genai-int4/``: ONNX Runtime GenAI's model builder ``-p fp32|int4 -e cpu``
   (the ``genai`` venv).
 
@@ -64,7 +66,6 @@ EXPORTS = {
     "torchscript": None,
     "dynamo": "torch",
     "optimum": "optimum",
-    "optimum-monolith": "optimum",
     "genai-fp32": "genai",
     "genai-int4": "genai",
 }
@@ -198,11 +199,9 @@ def export_one(name: str, hf: Path, out: Path) -> list[str]:
     py = venv_python(EXPORTS[name])
     if name == "dynamo":
         cmd = [py, str(Path(__file__).resolve()), "--worker", "dynamo", "--hf", str(hf), "--out", str(out)]
-    elif name.startswith("optimum"):
+    elif name == "optimum":
         cli = str(Path(py).parent / "optimum-cli")
         cmd = [cli, "export", "onnx", "--task", "text-generation-with-past", "--model", str(hf), str(out)]
-        if name == "optimum-monolith":
-            cmd.append("--monolith")
     elif name.startswith("genai-"):
         precision = name.split("-", 1)[1]
         cache = out.parent / "genai-cache"
@@ -233,7 +232,8 @@ def worker_dynamo(hf: Path, out: Path) -> None:
     ids, mask, pos, kv = example_inputs(d, 2, 3, 4)
     dyn = torch.export.Dim.DYNAMIC
     text = {0: dyn, 1: dyn}
-    shapes = (text, text, text, *({0: dyn, 2: dyn} for _ in kv))
+    # forward(input_ids, attention_mask, position_ids, *past): the past is one (tuple) argument
+    shapes = (text, text, text, tuple({0: dyn, 2: dyn} for _ in kv))
     tmp = out / "model.onnx.tmp"
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -318,7 +318,7 @@ def is_current(name: str, root: Path, sha: str) -> bool:
 
 def ensure_exports(names: list[str], root: Path, force: bool = False) -> dict[str, Path]:
     """Each named export in ``root/NAME/model.onnx`` with its ``export.json``, made when missing
-    or stale; returns the model paths (``optimum-monolith`` only when it differs from ``optimum``)."""
+    or stale; returns the model paths."""
     root.mkdir(parents=True, exist_ok=True)
     sha = _sha256(export_smollm2.gguf_path())
     hf = ensure_hf(root, force)
@@ -345,14 +345,6 @@ def ensure_exports(names: list[str], root: Path, force: bool = False) -> dict[st
             (out / "export.json").write_text(json.dumps(meta, indent=1) + "\n")
             print(f"{name}: {seconds:.0f} s, {sum(meta['bytes'].values()) / 1e6:.0f} MB", flush=True)
         paths[name] = model_path(name, root)
-    if "optimum-monolith" in paths and "optimum" in paths:
-        a = json.loads((root / "optimum" / "export.json").read_text())
-        b = json.loads((root / "optimum-monolith" / "export.json").read_text())
-        same = all(a[k] == b[k] for k in ("inputs", "outputs", "op_types"))
-        b["same_graph_as_optimum"] = same
-        (root / "optimum-monolith" / "export.json").write_text(json.dumps(b, indent=1) + "\n")
-        if same:
-            del paths["optimum-monolith"]
     return paths
 
 
