@@ -8,7 +8,8 @@ the TorchScript, dynamo, Optimum and ONNX Runtime GenAI (fp32) exports of the sa
   sim generate --prompt-ids prompt11.npy --max-new-tokens 20``: the greedy ids equal ONNX
   Runtime's (recorded in the export's ``export.json`` by ``export_smollm2_all.py --check``; for
   GenAI, its generator's, which ``--check`` found equal to a plain ONNX Runtime loop's);
-* the four exports' ``ttft_cycles`` of the 11-token prompt within 1.1x of each other.
+* the four exports' ``ttft_cycles`` of the 11-token prompt within 1.1x of each other;
+* the GenAI int4 build at ``accuracy_level`` 0, an 11-token prefill: ``mcpc check`` passes.
 
 All slow (each compile takes minutes); without the exports (``make exporter-models``) they skip
 with the optional-extra reason.  Programs are built once per module in a temporary folder.
@@ -137,3 +138,22 @@ def test_prefill_cycles_agree_across_exporters(build_dir):
         ttft[name] = result["report"]["ttft_cycles"]
     spread = max(ttft.values()) / min(ttft.values())
     assert spread <= TTFT_SPREAD, f"ttft_cycles of the 11-token prompt spread {spread:.2f}x: {ttft}"
+
+
+def test_genai_int4_prefill_at_accuracy_level_0_passes_check(tmp_path):
+    """The int4 build with its MatMulNBits at ``accuracy_level`` 0 (ONNX Runtime dequantizes exactly),
+    an 11-token prefill with every dim bound (``kv_cache_dim=64`` among them): ``mcpc check``
+    at the fp32 tolerance."""
+    from smollm2_baseline import accuracy_level_0
+
+    path, record = _export("genai-int4")
+    model = accuracy_level_0(path, tmp_path / "int4-acc0.onnx")
+    feeds = exports.prefill_feeds(record, exports.PROMPT_LEN)
+    inputs = tmp_path / "prefill.npz"
+    np.savez(inputs, **feeds)
+    dims = [a for k, v in exports.dim_bindings(record, feeds).items() for a in ("--dim", f"{k}={v}")]
+    prog = tmp_path / "prefill.mcpb"
+    done = _run(BIN / "mcp-compile", "-t", TARGET, "--qat-config", FP32, *dims, "-o", prog, model)
+    assert done.returncode == 0, f"mcp-compile {' '.join(dims)} exited {done.returncode}:\n{done.stderr}"
+    done = _run(BIN / "mcpc", "check", model, prog, "--inputs", inputs)
+    assert done.returncode == 0, f"mcpc check exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
