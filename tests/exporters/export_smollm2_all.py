@@ -279,14 +279,27 @@ def graph_record(path: Path) -> dict:
             for v in values
         }
 
+    attrs: dict[str, dict] = {}  # contrib ops' attributes (block size, accuracy level, ...)
+    for n in m.graph.node:
+        key = f"{n.domain}:{n.op_type}"
+        if n.domain not in ("", "ai.onnx") and key not in attrs:
+            attrs[key] = {a.name: _attr(a) for a in n.attribute}
     return {
         "opsets": {o.domain or "ai.onnx": o.version for o in m.opset_import},
         "producer": f"{m.producer_name} {m.producer_version}".strip(),
+        "contrib_attributes": attrs,
         "inputs": io(m.graph.input),
         "outputs": io(m.graph.output),
         "op_types": dict(sorted(counts.items())),
         "nodes": len(m.graph.node),
     }
+
+
+def _attr(a):
+    import onnx
+
+    v = onnx.helper.get_attribute_value(a)
+    return v.decode() if isinstance(v, bytes) else v if isinstance(v, int | float | str) else str(v)
 
 
 def _bytes(folder: Path) -> dict[str, int]:
@@ -340,8 +353,9 @@ def ensure_exports(names: list[str], root: Path, force: bool = False) -> dict[st
                 "versions": _versions(EXPORTS[name]),
                 **graph_record(out / "model.onnx"),
             }
-            if name == "torchscript":
-                meta["seconds_note"] = "export_smollm2.py's own record: torchscript/../../export.json"
+            if name == "torchscript":  # a hard link: the export's time is export_smollm2.py's record
+                own = json.loads((export_smollm2.cache_dir() / "export.json").read_text())
+                meta["seconds"] = own["seconds"]["export_decode_s"]
             (out / "export.json").write_text(json.dumps(meta, indent=1) + "\n")
             print(f"{name}: {seconds:.0f} s, {sum(meta['bytes'].values()) / 1e6:.0f} MB", flush=True)
         paths[name] = model_path(name, root)
