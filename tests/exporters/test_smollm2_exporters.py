@@ -129,15 +129,22 @@ def test_max_seq_build_generates_onnx_runtimes_greedy_ids(name, build_dir):
 
 
 def test_prefill_cycles_agree_across_exporters(build_dir):
-    ttft = {}
+    """Every fp32 export generates, and the ttft_cycles of those that do are within 1.1x (both
+    problems are reported together: a missing build does not hide a spread among the others)."""
+    ttft, missing = {}, []
     for name in FP32_EXPORTS:
         result = _generate(name, build_dir)
-        if "report" not in result:
+        if "report" in result:
+            ttft[name] = result["report"]["ttft_cycles"]
+        else:
             done = result.get("generate") or result["compile"]
-            pytest.fail(f"{name}: no --max-seq generation to time (exit {done.returncode}):\n{done.stderr}")
-        ttft[name] = result["report"]["ttft_cycles"]
-    spread = max(ttft.values()) / min(ttft.values())
-    assert spread <= TTFT_SPREAD, f"ttft_cycles of the 11-token prompt spread {spread:.2f}x: {ttft}"
+            last = done.stderr.strip().splitlines()[-1:] or [""]
+            missing.append(f"{name}: no --max-seq generation to time (exit {done.returncode}): {last[0]}")
+    spread = max(ttft.values()) / min(ttft.values()) if ttft else float("nan")
+    problems = list(missing)
+    if ttft and spread > TTFT_SPREAD:
+        problems.append(f"ttft_cycles of the 11-token prompt spread {spread:.2f}x: {ttft}")
+    assert not problems, "\n".join(problems)
 
 
 def test_genai_int4_prefill_at_accuracy_level_0_passes_check(tmp_path):
