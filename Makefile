@@ -10,7 +10,7 @@ DEMO   ?= encoder_block
 # Extra mcp-compile flags for the demo, e.g. COMPILE_FLAGS="--dim seq=32" for decoder_block.
 COMPILE_FLAGS ?=
 
-.PHONY: demo test test-all lint venv clean conformance real-models llm-models bench bench-serve bench-llm fuzz extras test-tools ci-examples quant-eval ortfused
+.PHONY: demo test test-all lint venv clean conformance real-models llm-models exporter-models bench bench-serve bench-llm fuzz extras test-tools ci-examples quant-eval ortfused
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -87,6 +87,15 @@ llm-models: $(STAMP)
 .PHONY: optimum-fixtures
 optimum-fixtures: $(STAMP)
 	"$$(tests/exporters/venv.sh optimum)" tests/exporters/optimum/make_fixtures.py
+
+# SmolLM2-135M exported by every exporter of issue 21 (TorchScript, dynamo, Optimum, ONNX Runtime
+# GenAI fp32/int4), each in its exporter venv (tests/exporters/venv.sh; MCPC_EXPORTER_VENVS reuses
+# made ones), from one Hugging Face folder written from the GGUF; outside the repository, beside the
+# llm-models cache (MCPC_SMOLLM2_EXPORTS overrides); --check: each export's ONNX Runtime greedy ids
+# equal the TorchScript export's.  Then `pytest -m slow tests/exporters/test_smollm2_exporters.py`.
+exporter-models: llm-models
+	for v in torch optimum genai; do tests/exporters/venv.sh $$v >/dev/null || exit 1; done
+	$(BIN)/python tests/exporters/export_smollm2_all.py --check
 
 # Measured performance: toolchain speed vs ONNX Runtime, simulated roofline, accuracy.
 # `make bench BENCH_ARGS=--quick` for the one-minute run; results in bench/results.{json,md}.
