@@ -161,6 +161,28 @@ def import_decoder(
     return DecoderModule(module, decoder, dec, _exact_reference(proto), scales)
 
 
+def batch_dim_names(model: str | Path | onnx.ModelProto) -> list[str]:
+    """The names the exporter gave the batch dim of a decoder graph: the symbolic dim 0 of each
+    graph input (``batch`` for the TorchScript fixtures, ``batch_size`` for Optimum and GenAI, the
+    dynamo exporter's ``s<N>``, the attention mask's own symbol included), in input order.  A
+    ``--max-seq`` build takes ``--dim NAME=B`` for any of them as ``--max-batch B``.  Reads the
+    graph's inputs only (no external data); [] for a file it cannot read (the build says why)."""
+    if isinstance(model, onnx.ModelProto):
+        graph = model.graph
+    else:
+        try:
+            graph = onnx.load(str(model), load_external_data=False).graph
+        except Exception:  # noqa: BLE001 - the build's own load reports an unreadable file
+            return []
+    init = {t.name for t in graph.initializer}
+    names: list[str] = []
+    for vi in graph.input:
+        dims = vi.type.tensor_type.shape.dim if vi.name not in init else []
+        if len(dims) and dims[0].dim_param and dims[0].dim_param not in names:
+            names.append(dims[0].dim_param)
+    return names
+
+
 def eos_ids(model: str | Path) -> tuple[list[int], str] | None:
     """The end-of-sequence ids of the model at path ``model`` and the file beside it that gives them,
     the way the model's own generation loop finds them:
@@ -325,8 +347,10 @@ def position_slices(proto: onnx.ModelProto, dec: DecoderGraph, slices) -> dict[s
 
 
 def _ranks(proto: onnx.ModelProto) -> dict[str, int]:
-    try:
-        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
+    from mcpc.ir.onnx_large import light_model
+
+    try:  # without the weights: a model over 2 GB cannot be serialised for inference
+        inferred = onnx.shape_inference.infer_shapes(light_model(proto), strict_mode=False)
     except Exception:  # noqa: BLE001 - no ranks: the caller refuses what it cannot place
         return {}
     vis = [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
