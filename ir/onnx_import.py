@@ -133,9 +133,9 @@ def _check_inputs_fit(graph, label: str, bound: dict[str, tuple[int, ...]], dram
 def _checkable(proto: onnx.ModelProto) -> onnx.ModelProto:
     """``proto``, or past protobuf's 2 GB limit (which the in-memory checker cannot serialise) its
     graph without the initializers' data (``onnx_large.light_model``)."""
-    from mcpc.ir.onnx_large import PROTO_LIMIT, light_model
+    from mcpc.ir.onnx_large import light_model, too_large
 
-    return proto if proto.ByteSize() < PROTO_LIMIT else light_model(proto)
+    return light_model(proto) if too_large(proto) else proto
 
 
 def _recheck_without_ort_ops(proto: onnx.ModelProto, error: Exception) -> Exception | None:

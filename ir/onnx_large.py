@@ -20,6 +20,16 @@ import onnx
 PROTO_LIMIT = 2**31 - 2**24
 
 
+def too_large(proto: onnx.ModelProto) -> bool:
+    """Whether ``proto`` is past what protobuf serialises (its ``ByteSize`` itself raises there)."""
+    from google.protobuf.message import EncodeError
+
+    try:
+        return proto.ByteSize() >= PROTO_LIMIT
+    except EncodeError:
+        return True
+
+
 def light_model(proto: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``proto``'s graph (nodes, inputs, outputs, value_info, opsets, functions) in which
     each initializer is a graph input of its dtype and dims instead of data.  Its size is the
@@ -47,7 +57,7 @@ def ort_session(model: onnx.ModelProto, opts, providers=("CPUExecutionProvider",
     path (``model`` is copied first: saving with external data edits the proto it is given)."""
     import onnxruntime as ort
 
-    if model.ByteSize() < PROTO_LIMIT:
+    if not too_large(model):
         return ort.InferenceSession(model.SerializeToString(), opts, providers=list(providers))
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
