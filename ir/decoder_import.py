@@ -163,8 +163,10 @@ def import_decoder(
 
 def batch_dim_names(model: str | Path | onnx.ModelProto) -> list[str]:
     """The names the exporter gave the batch dim of a decoder graph: the symbolic dim 0 of each
-    graph input (``batch`` for the TorchScript fixtures, ``batch_size`` for Optimum and GenAI, the
-    dynamo exporter's ``s<N>``, the attention mask's own symbol included), in input order.  A
+    [batch, length] integer input - the token ids, the attention mask, the positions (``batch`` for
+    the TorchScript fixtures, ``batch_size`` for Optimum and GenAI, the dynamo exporter's ``s<N>``,
+    the mask's own symbol included; never a float input's, whose layout is not known), in input
+    order.  A
     ``--max-seq`` build takes ``--dim NAME=B`` for any of them as ``--max-batch B``.  Reads the
     graph's inputs only (no external data); [] for a file it cannot read (the build says why)."""
     if isinstance(model, onnx.ModelProto):
@@ -177,8 +179,10 @@ def batch_dim_names(model: str | Path | onnx.ModelProto) -> list[str]:
     init = {t.name for t in graph.initializer}
     names: list[str] = []
     for vi in graph.input:
-        dims = vi.type.tensor_type.shape.dim if vi.name not in init else []
-        if len(dims) and dims[0].dim_param and dims[0].dim_param not in names:
+        t = vi.type.tensor_type
+        ints = t.elem_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+        dims = t.shape.dim if vi.name not in init and ints else []
+        if len(dims) == 2 and dims[0].dim_param and dims[0].dim_param not in names:
             names.append(dims[0].dim_param)
     return names
 
