@@ -66,6 +66,7 @@ class Layer:
     scale: float | None = None  # the attention scale when an attribute gives it (GQA)
     rope_half: int = 0  # GQA: angles per position in cos_cache (the rotary dim / 2)
     mha: onnx.NodeProto | None = None  # com.microsoft MultiHeadAttention reading the present K/V
+    out_cast: int | None = None  # V cast to this ONNX dtype before the V matmul (fp16 exports' SDPA)
 
 
 @dataclass
@@ -465,7 +466,7 @@ def _walk_to_cache(g: GraphIndex, name: str, present: str, factors: list | None)
         node = g.producer.get(name)
         if node is None:
             return None
-        if node.op_type in _REPEAT:
+        if node.op_type in _REPEAT or node.op_type == "Cast":  # a cast: an fp16 export's SDPA in f32
             name = node.input[0]
         elif node.op_type == "Transpose" and _swaps_last_two(_attr(node, "perm", [])):
             transposes += 1
@@ -544,6 +545,7 @@ def _match_attention(g: GraphIndex, layer: Layer, mask: str | None = None) -> No
             f"{users}), found {len(pvs)}"
         )
     layer.pv = pvs[0]
+    layer.out_cast = _v_cast(g, layer.pv.input[1], pv)
     probs = _through_guard(g, layer.pv.input[0])
     soft = g.producer.get(probs)
     if soft is None or soft.op_type != "Softmax" or _attr(soft, "axis", -1) not in (-1, 3):
@@ -636,6 +638,18 @@ def _from_mask(g: GraphIndex, name: str, mask: str | None, depth: int) -> bool:
     if node.op_type == "Shape":
         return True
     return all(_from_mask(g, x, mask, depth + 1) for x in node.input if x)
+
+
+def _v_cast(g: GraphIndex, name: str, present: str) -> int | None:
+    """The ``to`` of the Cast nearest the V matmul on V's path from ``present`` (Optimum's fp16
+    export multiplies the f32 probabilities by V cast to f32), None when V is not cast: the paged
+    attention computes in the cache's dtype and its result is cast to that dtype, as the matmul's was."""
+    while name != present:
+        node = g.producer[name]
+        if node.op_type == "Cast":
+            return int(_attr(node, "to", 0))
+        name = node.input[0]
+    return None
 
 
 def _through_guard(g: GraphIndex, name: str) -> str:
@@ -797,6 +811,8 @@ def _attention_nodes(g: GraphIndex, dec: DecoderGraph, scales: list[float], bloc
                     layer=layer.index, kind=short,
                 )
             )  # fmt: skip
+        if layer.out_cast is not None and layer.mha is None:  # V was cast before the matmul
+            cast_to, attn_out = attn_out, f"{tag}/attention"
         nodes.append(
             helper.make_node(
                 "PagedAttention", [q, "kv_gather", "kv_start", "kv_len"], [attn_out],
@@ -804,6 +820,9 @@ def _attention_nodes(g: GraphIndex, dec: DecoderGraph, scales: list[float], bloc
                 scale=float(scales[layer.index]), block_size=block,
             )
         )  # fmt: skip
+        if layer.out_cast is not None and layer.mha is None:
+            cast = helper.make_node("Cast", [attn_out], [cast_to], name=f"{tag}/cast", to=layer.out_cast)
+            nodes.append(cast)
         if layer.mha is not None:
             back = f"{tag}/out_bsnh"
             nodes.append(helper.make_node("Transpose", [attn_out], [back], name=back, perm=[0, 2, 1, 3]))

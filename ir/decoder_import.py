@@ -161,27 +161,85 @@ def import_decoder(
     return DecoderModule(module, decoder, dec, _exact_reference(proto), scales)
 
 
+def batch_dim_names(model: str | Path | onnx.ModelProto) -> list[str]:
+    """The names the exporter gave the batch dim of a decoder graph: the symbolic dim 0 of each
+    [batch, length] integer input - the token ids, the attention mask, the positions (``batch`` for
+    the TorchScript fixtures, ``batch_size`` for Optimum and GenAI, the dynamo exporter's ``s<N>``,
+    the mask's own symbol included; never a float input's, whose layout is not known), in input
+    order.  A
+    ``--max-seq`` build takes ``--dim NAME=B`` for any of them as ``--max-batch B``.  Reads the
+    graph's inputs only (no external data); [] for a file it cannot read (the build says why)."""
+    if isinstance(model, onnx.ModelProto):
+        graph = model.graph
+    else:
+        try:
+            graph = onnx.load(str(model), load_external_data=False).graph
+        except Exception:  # noqa: BLE001 - the build's own load reports an unreadable file
+            return []
+    init = {t.name for t in graph.initializer}
+    names: list[str] = []
+    for vi in graph.input:
+        t = vi.type.tensor_type
+        ints = t.elem_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+        dims = t.shape.dim if vi.name not in init and ints else []
+        if len(dims) == 2 and dims[0].dim_param and dims[0].dim_param not in names:
+            names.append(dims[0].dim_param)
+    return names
+
+
 def eos_ids(model: str | Path) -> tuple[list[int], str] | None:
-    """The end-of-sequence ids of the model at path ``model`` and the file that gives them: ONNX
-    Runtime GenAI's ``genai_config.json`` beside it (``model.eos_token_id``, an int or a list); None
-    when there is none (Hugging Face's generation_config.json is not read here).  InputError for a
-    file that is there but unreadable or whose ids are not token ids."""
+    """The end-of-sequence ids of the model at path ``model`` and the file beside it that gives them,
+    the way the model's own generation loop finds them:
+
+    * ONNX Runtime GenAI's ``genai_config.json`` (``model.eos_token_id``);
+    * else Hugging Face's ``generation_config.json`` (``eos_token_id``; Optimum writes it beside
+      model.onnx) - when it is there transformers' ``generate`` reads only it, so a file without
+      the key means no end-of-sequence id;
+    * else ``config.json`` (``eos_token_id``, or that of its ``text_config`` / ``decoder`` /
+      ``generator`` part): transformers' ``GenerationConfig.from_model_config``, used by
+      ``from_pretrained`` when there is no generation_config.json.
+
+    Each value is an int or a list of ints (null: none).  None when no file gives ids.
+    InputError for a file that is there but unreadable or whose ids are not token ids."""
     import json
 
-    f = Path(model).parent / "genai_config.json"
-    if not f.is_file():
-        return None
-    try:
-        cfg = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{f}: cannot read the end-of-sequence ids: {exc}") from None
-    value = cfg.get("model", {}).get("eos_token_id") if isinstance(cfg, dict) else None
-    if value is None:
-        return None
-    ids = value if isinstance(value, list) else [value]
-    if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-        raise InputError(f"{f}: model.eos_token_id is {value!r}, not a token id or a list of them")
-    return [int(i) for i in ids], f.name
+    folder = Path(model).parent
+    for fname in ("genai_config.json", "generation_config.json", "config.json"):
+        f = folder / fname
+        if not f.is_file():
+            continue
+        try:
+            cfg = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"{f}: cannot read the end-of-sequence ids: {exc}") from None
+        if not isinstance(cfg, dict):
+            raise InputError(f"{f}: not a JSON object, cannot read the end-of-sequence ids")
+        key, value = _eos_field(cfg, fname)
+        if value is None:
+            if fname == "config.json":
+                return None
+            if fname == "generation_config.json" or key is not None:
+                return None  # the file the loop reads has no end-of-sequence id
+            continue
+        ids = value if isinstance(value, list) else [value]
+        if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            raise InputError(f"{f}: {key} is {value!r}, not a token id or a list of them")
+        return list(dict.fromkeys(int(i) for i in ids)), f.name
+    return None
+
+
+def _eos_field(cfg: dict, fname: str) -> tuple[str | None, Any]:
+    """(the key path read, its value) of ``eos_token_id`` in one config file (see ``eos_ids``)."""
+    if fname == "genai_config.json":
+        model = cfg.get("model")
+        return ("model.eos_token_id", model.get("eos_token_id")) if isinstance(model, dict) else (None, None)
+    if fname == "generation_config.json" or cfg.get("eos_token_id") is not None:
+        return "eos_token_id", cfg.get("eos_token_id")
+    for part in ("text_config", "decoder", "generator"):
+        sub = cfg.get(part)
+        if isinstance(sub, dict) and sub.get("eos_token_id") is not None:
+            return f"{part}.eos_token_id", sub["eos_token_id"]
+    return "eos_token_id", None
 
 
 def _exact_reference(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -293,8 +351,10 @@ def position_slices(proto: onnx.ModelProto, dec: DecoderGraph, slices) -> dict[s
 
 
 def _ranks(proto: onnx.ModelProto) -> dict[str, int]:
-    try:
-        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
+    from mcpc.ir.onnx_large import light_model
+
+    try:  # without the weights: a model over 2 GB cannot be serialised for inference
+        inferred = onnx.shape_inference.infer_shapes(light_model(proto), strict_mode=False)
     except Exception:  # noqa: BLE001 - no ranks: the caller refuses what it cannot place
         return {}
     vis = [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]

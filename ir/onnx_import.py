@@ -97,8 +97,9 @@ def import_onnx(
     """
     proto, label, name = _load(model)
     try:
-        # by path when there is one: the checker then handles external data and models over 2 GB
-        onnx.checker.check_model(label if isinstance(model, (str, Path)) else proto)
+        # by path when there is one: the checker then handles external data and models over 2 GB;
+        # an in-memory model over 2 GB (a decoder build's rewrite) is checked without its weights
+        onnx.checker.check_model(label if isinstance(model, (str, Path)) else _checkable(proto))
     except Exception as e:  # ValidationError, or a protobuf problem
         remaining = _recheck_without_ort_ops(proto, e)
         if remaining is not None:
@@ -136,6 +137,14 @@ def _check_inputs_fit(graph, label: str, bound: dict[str, tuple[int, ...]], dram
         )
 
 
+def _checkable(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto``, or past protobuf's 2 GB limit (which the in-memory checker cannot serialise) its
+    graph without the initializers' data (``onnx_large.light_model``)."""
+    from mcpc.ir.onnx_large import light_model, too_large
+
+    return light_model(proto) if too_large(proto) else proto
+
+
 def _recheck_without_ort_ops(proto: onnx.ModelProto, error: Exception) -> Exception | None:
     """The checker's complaint about ``proto`` once the ops ONNX Runtime registers in the default
     domain and the importer handles (``ORT_DEFAULT_DOMAIN_OPS``, e.g. the GenAI builder's
@@ -157,7 +166,7 @@ def _recheck_without_ort_ops(proto: onnx.ModelProto, error: Exception) -> Except
     try:
         for n in moved:
             n.domain = "com.microsoft"
-        onnx.checker.check_model(proto)
+        onnx.checker.check_model(_checkable(proto))
         return None
     except Exception as e:  # another problem (or a model too large to check in memory)
         return e

@@ -218,7 +218,7 @@ def compile_command(model, target, qat_config, output, shapes, dims, passes, pri
         raise click.BadParameter("'-' (stdout) is only for --emit ir or --emit asm", param_hint="'-o'")
     if output is None:
         output = driver.default_output(model, emit)
-    decoder, dims = _decoder_build(max_seq, max_batch, kv_blocks, prefill_chunk, dims)
+    decoder, dims = _decoder_build(max_seq, max_batch, kv_blocks, prefill_chunk, dims, model)
     result = driver.compile(
         model,
         target=target,
@@ -248,21 +248,27 @@ def compile_command(model, target, qat_config, output, shapes, dims, passes, pri
         _print_summary(result)
 
 
-def _decoder_build(max_seq, max_batch, kv_blocks, prefill_chunk, dims):
-    """The ``DecoderBuild`` of the --max-seq options (None without --max-seq) and the dims left."""
+def _decoder_build(max_seq, max_batch, kv_blocks, prefill_chunk, dims, model=None):
+    """The ``DecoderBuild`` of the --max-seq options (None without --max-seq) and the dims left.
+    ``--dim batch=B`` and ``--dim NAME=B`` for a name the model gives its batch dim (``batch_size``,
+    a dynamo ``s<N>``: ``decoder_import.batch_dim_names``) are synonyms of ``--max-batch B``."""
     if max_seq is None:
         given = [f"--{k}" for k, v in (("max-batch", max_batch), ("kv-blocks", kv_blocks),
                                          ("prefill-chunk", prefill_chunk)) if v is not None]  # fmt: skip
         if given:
             raise click.UsageError(f"{given[0]} is an option of a decoder build: give --max-seq N too")
         return None, dims
-    from mcpc.ir.decoder_import import DecoderBuild
+    from mcpc.ir.decoder_import import DecoderBuild, batch_dim_names
 
     dims = dict(dims or {})
-    batch = dims.pop("batch", None)
-    if batch is not None and max_batch is not None and batch != max_batch:
-        raise click.UsageError(f"--dim batch={batch} and --max-batch {max_batch} disagree (synonyms)")
-    batch = max_batch if max_batch is not None else batch
+    names = ["batch", *(n for n in (batch_dim_names(model) if model is not None else []) if n != "batch")]
+    given = [(f"--max-batch {max_batch}", max_batch)] if max_batch is not None else []
+    given += [(f"--dim {n}={dims[n]}", dims.pop(n)) for n in names if n in dims]
+    if len({v for _, v in given}) > 1:
+        raise click.UsageError(
+            f"{' and '.join(t for t, _ in given)} disagree: each sets the batch of the decoder build"
+        )
+    batch = given[0][1] if given else None
     build = DecoderBuild(max_seq, batch or 1, kv_blocks, prefill_chunk)
     return build, dims or None
 

@@ -59,8 +59,9 @@ def paged_feeds(
 
 
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
-    light = onnx.ModelProto()
-    light.CopyFrom(model)
+    from mcpc.ir.onnx_large import light_model
+
+    light = light_model(model)  # no weights: a model over 2 GB cannot be serialised for inference
     try:
         inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False)
     except Exception:  # noqa: BLE001 - types then default to float
@@ -82,7 +83,9 @@ def _session(model: onnx.ModelProto, extra: list[str] = ()):
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.intra_op_num_threads = 1
-    return ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    from mcpc.ir.onnx_large import ort_session
+
+    return ort_session(m, opts)  # a model over 2 GB through a temporary copy with external data
 
 
 def _feeds(model, dec, ids: np.ndarray, past_kv: dict[str, np.ndarray], past: int) -> dict[str, np.ndarray]:

@@ -284,11 +284,19 @@ def _import_decoder(model, build, shapes, dims, target):
 
     if shapes:
         raise UsageError("--shape is not taken by a --max-seq build: the build binds every input")
-    extra = sorted(set(dims or {}) - {"batch"})
+    from mcpc.ir.decoder_import import batch_dim_names
+
+    names = ["batch", *(n for n in batch_dim_names(model) if n != "batch")]
+    for key in sorted(set(dims or {}) & set(names)):
+        if dims[key] != build.max_batch:
+            raise UsageError(
+                f"--dim {key}={dims[key]} disagrees with the build's --max-batch {build.max_batch}"
+            )
+    extra = sorted(set(dims or {}) - set(names))
     if extra:
         raise UsageError(
             f"--dim {extra[0]}: a --max-seq build binds the sequence, past and total dims itself; only "
-            "--dim batch=B (the same as --max-batch B) is taken"
+            f"the batch dim is taken: --dim {'=B, --dim '.join(names)}=B (the same as --max-batch B)"
         )
     if not isinstance(model, (str, Path)):
         raise UsageError("a --max-seq build takes the path of an ONNX graph with past")

@@ -12,6 +12,7 @@ ready-to-paste ``--dim`` line.  ``format_model`` renders it as text.
 from __future__ import annotations
 
 import math
+import shlex
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -200,18 +201,31 @@ def _decoder_line(proto, path: Path) -> dict[str, Any]:
     try:
         merged = select_cache_branch(proto)
         alias_past_inputs(proto)
-        recognise(proto)
+        dec = recognise(proto)
     except McpcError as e:
         return {"reason": _first_line(e)}
     except Exception as e:  # noqa: BLE001 - a description never fails on the recogniser
         return {"reason": f"{type(e).__name__}: {_first_line(e)}"}
-    line = {"line": f"mcp-compile --max-seq N {shlex.quote(str(path))}"}
+    batch = _batch_dim(proto, dec.ids)
+    given = f"--dim {shlex.quote(f'{batch}=1')} " if batch else ""
+    line = {"line": f"mcp-compile --max-seq N {given}{shlex.quote(str(path))}"}
+    if batch:
+        line["batch"] = batch
     if merged:
         line["note"] = (
             "a merged decoder: a --max-seq build takes its use_cache_branch=true branch (the one with "
             "past); a compile without --max-seq refuses its If"
         )
     return line
+
+
+def _batch_dim(proto, ids: str) -> str | None:
+    """The symbolic batch dim of the token-ids input (what ``--dim NAME=B`` of a build binds)."""
+    for vi in proto.graph.input:
+        if vi.name == ids:
+            dims = vi.type.tensor_type.shape.dim
+            return dims[0].dim_param or None if len(dims) else None
+    return None
 
 
 def _shape_text(shape) -> str:
@@ -253,6 +267,9 @@ def format_model(info: dict[str, Any]) -> str:
     dec = info.get("decoder") or {}
     if dec.get("line"):
         lines.append(f"a decoder with past: build it for generation with: {dec['line']}")
+        if dec.get("batch"):
+            bind = shlex.quote(dec["batch"] + "=B")
+            lines.append(f"  (--dim {bind}: B sequences a call, the same as --max-batch B)")
         if dec.get("note"):
             lines.append(f"  ({dec['note']})")
     elif dec.get("reason") and dec["reason"] != "no past K/V inputs":

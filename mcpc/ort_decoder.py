@@ -116,10 +116,18 @@ class OrtDecoder:
         self.vocab = None  # known after the first run
 
     def run(
-        self, ids: np.ndarray, past: list[np.ndarray] | None, past_len: int
+        self,
+        ids: np.ndarray,
+        past: list[np.ndarray] | None,
+        past_len: int,
+        mask: np.ndarray | None = None,
+        positions: np.ndarray | None = None,
     ) -> tuple[np.ndarray, list[np.ndarray]]:
         """One call: ``ids`` [batch, seq] new tokens at positions past_len .. past_len + seq − 1 after
-        ``past`` (None: past length 0) -> (logits [batch, seq, vocab], present K/V in layer order)."""
+        ``past`` (None: past length 0) -> (logits [batch, seq, vocab], present K/V in layer order).
+        ``mask`` [batch, past_len + seq] and ``positions`` [batch, seq] replace the all-ones mask and
+        the positions past_len.. (a left-padded batch: ``greedy_left_padded``); a graph without that
+        input ignores them."""
         ids = np.asarray(ids)
         b, s = ids.shape
         if past is None:
@@ -128,10 +136,10 @@ class OrtDecoder:
             past = [np.zeros((b, self.kv_heads, 0, self.head_dim), self.kv_dtype) for _ in self.past_names]
         feeds = {"input_ids": ids.astype(self.ids_dtype)}
         if self.has_mask:
-            feeds["attention_mask"] = np.ones((b, past_len + s), np.int64)
+            feeds["attention_mask"] = np.ones((b, past_len + s), np.int64) if mask is None else mask
         if self.has_positions:
             pos = np.arange(past_len, past_len + s, dtype=np.int64)
-            feeds["position_ids"] = np.broadcast_to(pos, (b, s)).copy()
+            feeds["position_ids"] = np.broadcast_to(pos, (b, s)).copy() if positions is None else positions
         feeds.update(zip(self.past_names, past, strict=True))
         out = self.session.run([self.logits_name, *self.present_names], feeds)
         self.vocab = out[0].shape[-1]
@@ -188,6 +196,38 @@ def greedy(
         margins.append(float(top2[1] - top2[0]))
         ids = np.array([[nxt]])
     return (tokens, margins) if return_margins else tokens
+
+
+def greedy_left_padded(
+    model: str | Path | OrtDecoder, prompts, max_new_tokens: int, pad_id: int = 0
+) -> list[list[int]]:
+    """ONNX Runtime's greedy continuations of several prompts run as one batch, the way Hugging
+    Face's ``generate`` batches them: each prompt left-padded with ``pad_id`` to the longest, an
+    ``attention_mask`` 0 on the pads, ``position_ids`` the running count of real tokens minus one
+    (1 on the pads, as transformers sets them), then one step of the whole batch a token.  Every
+    row runs all ``max_new_tokens`` steps.  The graph must take ``attention_mask``."""
+    dec = _decoder(model)
+    if not dec.has_mask:
+        raise ValueError(f"{dec.path}: no attention_mask input: a left-padded batch cannot be masked")
+    rows = [[int(t) for t in np.asarray(p).reshape(-1)] for p in prompts]
+    if not rows or not all(rows):
+        raise ValueError("no prompts, or an empty one")
+    width = max(map(len, rows))
+    ids = np.array([[pad_id] * (width - len(r)) + r for r in rows], np.int64)
+    mask = np.array([[0] * (width - len(r)) + [1] * len(r) for r in rows], np.int64)
+    pos = np.where(mask == 1, np.cumsum(mask, 1) - 1, 1)
+    out: list[list[int]] = [[] for _ in rows]
+    past, past_len = None, 0
+    for _ in range(max_new_tokens):
+        logits, past = dec.run(ids, past, past_len, mask=mask, positions=pos)
+        past_len += ids.shape[1]
+        nxt = logits[:, -1].astype(np.float64).argmax(-1)
+        for k, t in enumerate(nxt):
+            out[k].append(int(t))
+        ids = nxt[:, None].astype(np.int64)
+        pos = pos[:, -1:] + 1
+        mask = np.concatenate([mask, np.ones((len(rows), 1), np.int64)], 1)
+    return out
 
 
 def windows(tokens, window: int | None) -> np.ndarray:

@@ -63,7 +63,7 @@ class DecoderMeta:
     kv_pool: dict | None = None  # a compressing build's pool and descriptor table (mcpc.kv.pool)
     prefill_rows: str | None = None  # the host register of a prefill's token rows in use
     convention: dict | None = None  # the model's I/O convention the compile found (ir/exporter_family.py)
-    eos_ids: tuple[int, ...] = ()  # generation stops after these (the model's genai_config.json)
+    eos_ids: tuple[int, ...] = ()  # generation stops after these (ir.decoder_import.eos_ids)
 
     def call_registers(self, entry: str, used: int, rows: Sequence[int]) -> dict[str, int]:
         """The host registers of one call: ``kv_blocks`` = ``used``, and for ``prefill`` (when the
@@ -492,7 +492,8 @@ class DecoderSession:
         the end of its own.
 
         A continuation stops early after an end-of-sequence id the build recorded (``eos_ids``: from
-        the model's genai_config.json), as ONNX Runtime GenAI's generator does.
+        the model's genai_config.json, generation_config.json or config.json: ``ir.decoder_import.eos_ids``),
+        as ONNX Runtime GenAI's generator and transformers' ``generate`` do.
 
         Returns the report (see docs/simulator.md "Decoding"): generated_ids (a list, or a list of
         lists for several prompts), ttft_ms, tpot_ms, cycles_per_token, latency_us_per_token,

@@ -56,7 +56,7 @@ def test_inspect_model_line_pastes_and_compiles(tmp_path):
     line = line.removeprefix("bind them with: ")
     assert line == "--dim batch_size=N --dim sequence_length=N --dim past_sequence_length=N"
     build = next(x for x in res.stdout.splitlines() if x.startswith("a decoder with past: "))
-    assert build.endswith(f"mcp-compile --max-seq N {model}")
+    assert build.endswith(f"mcp-compile --max-seq N --dim batch_size=1 {model}")
     sizes = iter(["1", "5", "3"])
     line = re.sub(r"=N\b", lambda _: "=" + next(sizes), line)
     max_seq = build.removeprefix("a decoder with past: build it for generation with: ").replace(" N ", " 64 ")

@@ -209,6 +209,7 @@ def write_readme(out: Path, manifest: dict) -> None:
         "Runtime's greedy continuations (equal to the TorchScript fixtures' of `tests/llm/decoders/`).",
         "The exports are byte for byte reproducible but for the merged decoder, whose initializer",
         "names `merge_decoders` picks in a set's order (same graph and weights).",
+        "The fp16 export `llama-optimum-fp16.onnx` is `make_fp16.py`'s: see `README.fp16.md`.",
         "",
         "| file | task | inputs (dims) | outputs (dims) | KiB |",
         "|---|---|---|---|---|",
