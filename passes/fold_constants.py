@@ -36,7 +36,7 @@ from typing import ClassVar
 import numpy as np
 
 from mcpc.errors import McpcError
-from mcpc.ir.core import Function, Module, Value
+from mcpc.ir.core import Function, Module, Operation, Value
 from mcpc.ir.dtypes import I64
 from mcpc.ir.interpreter import evaluate_op, has_impl
 from mcpc.ir.ops_core import ConstantOp
@@ -120,6 +120,34 @@ def absorb_transposes(func: Function) -> int:
             source = None
         if source is not None:
             op.operands = [op.operands[0], source]
+            op.attrs["trans_b"] = not op.attrs["trans_b"]
+            count += 1
+    return count + _store_tables_transposed(func)
+
+
+def _store_tables_transposed(func: Function) -> int:
+    """The mirror of a tied LM head: a last-two-dims ``mcp.transpose`` of a constant ``W`` whose
+    every other use is as a later matmul's ``b`` (the GenAI builder stores the tied table as the LM
+    head's ``[hidden, vocab]`` weight and gathers embeddings from ``Transpose(W)``).  Those matmuls
+    read the transpose's result with ``trans_b`` toggled, so the transpose is ``W``'s last user and
+    folds into one stored constant ``Wᵀ`` (within the size budget: it replaces ``W``) instead of
+    running every call.  Return how many matmuls were rewritten."""
+    position = {id(op): i for i, op in enumerate(func.ops)}
+    users: dict[int, list[tuple[Operation, int]]] = {}
+    for op in func.ops:
+        for i, v in enumerate(op.operands):
+            users.setdefault(id(v), []).append((op, i))
+    count = 0
+    for t in func.ops:
+        if not _swaps_last_two(t) or not isinstance(t.operands[0].owner, ConstantOp):
+            continue
+        others = [(op, i) for op, i in users.get(id(t.operands[0]), []) if op is not t]
+        if not others or not all(
+            isinstance(op, MatMulOp) and i == 1 and position[id(op)] > position[id(t)] for op, i in others
+        ):
+            continue
+        for op, _ in others:
+            op.operands = [op.operands[0], t.result]
             op.attrs["trans_b"] = not op.attrs["trans_b"]
             count += 1
     return count

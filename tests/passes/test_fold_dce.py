@@ -196,6 +196,38 @@ def test_a_transpose_of_a_weight_used_elsewhere_is_not_folded_into_a_copy():
     np.testing.assert_array_equal(interpret(m, feeds)["y"], want)
 
 
+def test_a_table_gathered_through_a_transpose_of_the_head_weight_is_stored_once_transposed():
+    """The GenAI builder's tied table: the LM head's weight ``w`` [8, 16] (hidden x vocab) is the
+    matmul's ``b``, and embeddings are gathered from ``Transpose(w)``.  Even where the budget
+    forbids a copy (max-elements=0), the head reads the transposed table with ``trans_b`` and the
+    transpose folds into the one constant stored: no transpose runs, the bits are the same."""
+    from mcpc.ir import Function, Module, TensorType
+    from mcpc.ir.dtypes import F32, I32
+    from mcpc.ir.ops import AddOp, ConstantOp, GatherOp, MatMulOp, ReturnOp, TransposeOp
+
+    w = np.random.default_rng(4).standard_normal((8, 16)).astype(np.float32)
+    f = Function("main", [TensorType((4,), I32), TensorType((4, 8), F32)], ["ids", "x"])
+    head_w = f.append(ConstantOp([], {"value": w}, loc="lm_head.weight")).result
+    table = f.append(TransposeOp([head_w], {"perm": [1, 0]})).result
+    emb = f.append(GatherOp([table, f.args[0]], {"axis": 0})).result
+    out = f.append(MatMulOp([f.append(AddOp([emb, f.args[1]])).result, head_w])).result
+    f.append(ReturnOp([out]))
+    f.result_names = ["y"]
+    m = Module("tied_genai")
+    m.add_function(f)
+    m.verify()
+    feeds = {"ids": np.array([1, 5, 0, 15], np.int32), "x": np.ones((4, 8), np.float32)}
+    want = interpret(m, feeds)["y"]
+    m = PassManager(build_pipeline("fold-constants{max-elements=0},dce")).run(m, PassContext())
+    ops = m.main.ops
+    (const,) = [op for op in ops if op.name == "mcp.constant"]
+    assert const.value.shape == (16, 8)  # the table, stored once, transposed
+    (mm,) = [op for op in ops if op.name == "mcp.matmul"]
+    assert mm.attrs["trans_b"] and mm.operands[1] is const.result
+    assert not any(op.name == "mcp.transpose" for op in ops)
+    assert np.array_equal(interpret(m, feeds)["y"].view(np.uint32), want.view(np.uint32))
+
+
 def test_dedupe_confirms_bytes_on_a_hash_match(monkeypatch):
     from mcpc.passes import fold_constants
 
