@@ -198,7 +198,7 @@ def _parse_sets(ctx, param, items) -> list[str]:
     "--estimate/--no-estimate",
     default=True,
     help="Run the build timing-only on the simulator and warn when an entry takes more than 2x its "
-    "roofline, naming the nodes responsible (default on; builds of at most 400 000 instructions).",
+    "roofline, naming the nodes responsible (default on; builds of at most 100 000 instructions).",
 )
 @click.version_option(__version__)
 def compile_command(model, target, qat_config, output, shapes, dims, passes, print_pipeline,

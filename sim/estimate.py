@@ -19,7 +19,7 @@ from mcpc.errors import McpcError
 
 from . import roofline
 
-MAX_INSTRUCTIONS = 400_000
+MAX_INSTRUCTIONS = 100_000
 
 
 def estimate_program(program: Any, source: str = "<program>") -> dict:

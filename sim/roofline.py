@@ -152,7 +152,7 @@ def top_reason(profile: dict, chain_cycles: int | None) -> str:
     the dependency chain, DRAM traffic (its ratio to the compulsory bytes when well above), the MAC
     array's busy time beyond its useful MACs (fill/drain, padding, weight ingestion), one engine's
     busy time — whichever accounts for the most cycles, when that is at least a third of the run —
-    or else the engine stalled longest."""
+    or else the engines' stalls (waiting on each other's tokens: latencies paid in sequence)."""
     roof, cycles = profile["roofline"], max(int(profile["cycles"]), 1)
     cands: list[tuple[float, str]] = []
     if chain_cycles:
@@ -175,10 +175,13 @@ def top_reason(profile: dict, chain_cycles: int | None) -> str:
     best = max(cands, default=(0, ""))
     if best[0] >= cycles / 3:
         return f"{best[1]}, {100 * best[0] / cycles:.0f} % of the run"
-    stall = max(profile["engines"].items(), key=lambda kv: kv[1]["stall"], default=None)
-    if stall is not None and stall[1]["stall"]:
-        return f"engines waiting: {stall[0]} stalled {100 * stall[1]['stall'] / cycles:.0f} % of the run" + (
-            f"; the largest single cause, {best[1]}" if best[1] else ""
+    stalls = [(name, e["stall"]) for name, e in profile["engines"].items() if e["stall"]]
+    if stalls:
+        which = ", ".join(f"{name} {100 * st / cycles:.0f} %" for name, st in stalls)
+        beyond = f"; beyond {best[1]}, {100 * best[0] / cycles:.0f} % of the run" if best[1] else ""
+        return (
+            f"engines waiting on each other's tokens or the channel (stalled: {which} of the run): "
+            f"latencies paid one after another{beyond}"
         )
     return best[1] or "engines idle"
 

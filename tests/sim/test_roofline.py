@@ -173,3 +173,22 @@ def test_the_compile_summary_warns_past_twice_the_roofline_naming_nodes(tmp_path
     assert own & {f"add{i}" for i in range(24)}
     quiet = runner.invoke(compile_command, [*args, "--no-estimate"])
     assert quiet.exit_code == 0 and "warning: entry" not in quiet.output
+
+
+def test_a_build_too_large_to_estimate_says_so(monkeypatch):
+    from mcpc.sim import estimate
+
+    monkeypatch.setattr(estimate, "MAX_INSTRUCTIONS", 10)
+    est = estimate.estimate_program(_copy_through_scratch(1))
+    (line,) = estimate.warning_lines(est)
+    assert (
+        line.startswith("note: cycles not estimated: 49 instructions, more than the 10")
+        and "--timing-only" in line
+    )
+    monkeypatch.setattr(estimate, "MAX_INSTRUCTIONS", 100)
+    (row,) = estimate.estimate_program(_copy_through_scratch(1))["entries"]
+    assert (
+        row["entry"] == "main"
+        and row["bound"] == "memory"
+        and estimate.warning_lines({"entries": [row]}) == []
+    )
