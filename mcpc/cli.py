@@ -194,10 +194,17 @@ def _parse_sets(ctx, param, items) -> list[str]:
     metavar="C",
     help="Decoder build: tokens per sequence a prefill call takes (default min(64, N)).",
 )
+@click.option(
+    "--estimate/--no-estimate",
+    default=True,
+    help="Run the build timing-only on the simulator and warn when an entry takes more than 2x its "
+    "roofline, naming the nodes responsible (default on; builds of at most 100 000 instructions).",
+)
 @click.version_option(__version__)
 def compile_command(model, target, qat_config, output, shapes, dims, passes, print_pipeline,
                     print_ir_after_all, time_passes, emit, overrides, report_json, calib, max_seq,
-                    max_batch, kv_blocks, prefill_chunk, kv_quant, kv_sparsity, kv_policy):  # fmt: skip
+                    max_batch, kv_blocks, prefill_chunk, kv_quant, kv_sparsity, kv_policy,
+                    estimate):  # fmt: skip
     """Compile an ONNX model for the MCP 2026 NPU."""
     from mcpc import driver
     from mcpc.passes import format_pipeline
@@ -236,6 +243,10 @@ def compile_command(model, target, qat_config, output, shapes, dims, passes, pri
     )
     if time_passes:
         result.pass_manager.print_timings(sys.stderr)
+    if estimate and emit == "mcpb" and result.program is not None and _has_module("mcpc.sim.estimate"):
+        from mcpc.sim.estimate import estimate_program  # the cycles beside the roofline, per entry
+
+        result.report["estimate"] = estimate_program(result.program, str(output))
     if report_json is not None:
         driver.write_report(report_json, result.report)
     if to_stdout:
@@ -324,6 +335,11 @@ def _print_summary(result) -> None:
 
     for text in summary_lines(report):
         _stdout_console().print(Text(text))
+    if report.get("estimate") is not None:
+        from mcpc.sim.estimate import warning_lines
+
+        for text in warning_lines(report["estimate"]):
+            _stdout_console().print(Text(text))
 
 
 # -- mcpc group --------------------------------------------------------------------------------

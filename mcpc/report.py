@@ -132,7 +132,7 @@ def _render_profile(source: str, p: dict) -> list[str]:
     out = [
         f"<p>{html.escape(p['target'])}, entry {html.escape(str(p.get('entry')))}: {p['cycles']:,} cycles "
         f"({p['latency_us']:.4g} µs), {p['instructions']:,} instructions, {p['macs']:,} MACs; engine "
-        f"utilisation {html.escape(eng)}; {p['roofline']['bound']}-bound.</p>",
+        f"utilisation {html.escape(eng)}; {p['roofline']['bound']}-bound{_roofline_note(p['roofline'])}.</p>",
         _figure(
             plots.node_breakdown(p),
             "Busy cycles of each node's instructions per engine, and the cycles "
@@ -368,3 +368,16 @@ def write_profile_report(profile: dict, source: str, output: str | Path) -> int:
     text = render([(source, "profile", profile)], title=f"mcpc report: {source}")
     write_atomic(output, text)
     return len(text.encode("utf-8"))
+
+
+def _roofline_note(roof: dict) -> str:
+    """The roofline beside the bound (a profile from before the compulsory bytes has none)."""
+    if "roofline_cycles" not in roof:
+        return ""
+    text = (
+        f" ({roof['roofline_ratio']:.2f}× the roofline of {roof['roofline_cycles']:,.0f} cycles: "
+        f"MACs ÷ peak, compulsory DRAM bytes {roof['compulsory_dram_bytes']:,} ÷ bandwidth"
+    )
+    if roof.get("bound") == "latency":
+        text += f"; {roof['bound_reason']}"
+    return html.escape(text + ")")

@@ -234,8 +234,8 @@ def run_program(
             flat = np.frombuffer(m.dram, dtype=dt, count=count, offset=addr).copy()
         outputs[b["name"]] = flat.reshape(shape)
     program.record_extents()
-    profile = build_profile(program, entry, order, issue, done, stall)
-    profile["roofline"]["chain_latency_cycles"] = chain_latency(program, order, program._chains)
+    chain = chain_latency(program, order, program._chains)
+    profile = build_profile(program, entry, order, issue, done, stall, chain_cycles=chain)
     profile["tokens_left"] = tokens_left
     # no values in a timing-only run: nothing to check (None, not a "clean" that was never checked)
     profile["numeric"] = None if timing_only else numeric.report(program, m.numeric, outputs)

@@ -83,8 +83,9 @@ def _print_timing(console, r: dict) -> None:
             f"{r['latency_us_per_token']:.4g} µs (mean decode step of {r['decode_steps']})"
         )
         console.print(
-            f"DRAM roofline       {r['roofline_us_per_token']:.4g} µs per step ((weights + KV in use) / "
-            f"{r['dram_bandwidth_gbps']:g} GB/s): the step takes {r['roofline_ratio']:.2f}x it"
+            f"DRAM roofline       {r['roofline_us_per_token']:.4g} µs per step (compulsory bytes: weights + "
+            f"inputs + outputs + KV in use, / {r['dram_bandwidth_gbps']:g} GB/s): "
+            f"the step takes {r['roofline_ratio']:.2f}x it"
         )
         _print_bound(console, r)
     shared = (

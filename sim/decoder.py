@@ -15,8 +15,9 @@ many positions it attends), the padded ids and positions, and the ``kv_blocks`` 
 K/V never leave the simulated NPU: the host sends ids and slots and reads logits.
 
 Timing comes from the Session's profile of each call: TTFT is the prefill cycles of the prompt,
-time per output token the mean decode step; beside them the DRAM roofline of a decode step, (the
-weight bytes a step reads + the KV bytes in use at that context) / the target's DRAM bandwidth, the
+time per output token the mean decode step; beside them the DRAM roofline of a decode step, its
+compulsory DRAM bytes (sim/roofline.py: the weight bytes a step reads + its inputs and outputs +
+the KV bytes in use at that context) / the target's DRAM bandwidth, the
 latency of the step's dependency chain (sim/chain.py) and the bound roofline / 0.85 + chain.
 """
 
@@ -32,6 +33,7 @@ import numpy as np
 from mcpc.errors import InputError, UsageError
 
 from .kv_manager import KVManager
+from .roofline import compulsory_dram_bytes, entry_io_bytes, finish, step_weight_bytes
 
 KV_INPUTS = ("kv_slot", "kv_gather", "kv_start", "kv_len")
 # The bound a decode step is held to (issue 10): roofline / ROOFLINE_EFFICIENCY + its chain latency.
@@ -240,53 +242,6 @@ def _nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return lse - z[np.arange(len(targets)), targets]
 
 
-def step_weight_bytes(program: Any, entry: str = "decode") -> int:
-    """The constant (weight) bytes one call of ``entry`` reads from DRAM: the union of the constant
-    bytes its loads read (a weight read twice counts once), plus the rows its gathers pick from a
-    constant table that no load reads whole (an embedding look-up reads its rows; a table the
-    loads read anyway — a tied LM head — counts once).  A gather of a run-time count counts its
-    capacity.  A program without instructions to look at (a stand-in) counts all its constants."""
-    consts = [
-        (int(r["dram"]), int(r["dram"]) + int(r["bytes"]))
-        for r in (getattr(program, "memory_map", None) or {}).get("regions") or []
-        if r.get("kind") == "const" and r.get("bytes")
-    ]
-    if not hasattr(program, "mnemonics") or entry not in program.entries:
-        return len(program.program.constants)
-
-    def const(lo: int) -> bool:
-        return any(a <= lo < b for a, b in consts)
-
-    start, count = program.entries[entry]
-    spans: list[tuple[int, int]] = []
-    gathers: list[tuple[int, int, int]] = []
-    for idx in range(start, start + count):
-        op = program.mnemonics[idx]
-        if op not in ("load", "gather"):
-            continue
-        f = program.instr(idx).fields
-        lo = f["dram"]
-        if f["dram_reg"] or not const(lo):
-            continue
-        n = f["rows"] if op == "load" else max(f["limit"], 1)
-        hi = lo + (n - 1) * f["dram_stride"] + f["row_bytes"]
-        if op == "load":
-            spans.append((lo, hi))
-        else:
-            gathers.append((lo, hi, f["count"] * f["row_bytes"]))
-    merged: list[list[int]] = []
-    for lo, hi in sorted(spans):
-        if merged and lo <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], hi)
-        else:
-            merged.append([lo, hi])
-    total = sum(hi - lo for lo, hi in merged)
-    for lo, hi, n in gathers:
-        if not any(a <= lo and hi <= b for a, b in merged):
-            total += min(n, hi - lo)
-    return total
-
-
 class DecoderSession:
     """Runs a decoder build's `prefill`/`decode` entries over one KV manager (module docstring).
 
@@ -399,6 +354,23 @@ class DecoderSession:
         if self.compressed is not None:
             self._store_blocks(written)
         prof = self.session.last_profile
+        # the call's compulsory DRAM bytes (sim/roofline.py, the one definition): the entry's weights
+        # read once + its inputs + its outputs + the KV blocks its sequences hold after the call
+        weights = (
+            self.step_weight_bytes if entry == "decode" else step_weight_bytes(self.session.program, entry)
+        )
+        io = entry_io_bytes(self.session.program, entry)
+        kv_bytes = self.kv.bytes_of([s for s, _ in pairs])
+        need = compulsory_dram_bytes(weights, io[0], io[1], kv_bytes)
+        if "macs_by_dtype" in prof:  # a simulator profile: its roofline counts the same KV
+            finish(
+                prof,
+                self.target,
+                weights,
+                io,
+                kv_bytes,
+                (prof.get("roofline") or {}).get("chain_latency_cycles"),
+            )
         # the kvcomps the host issued after the call (sim/kvcomp.py): the step's compression work
         kvc = self.compressed.last_kvcomp if self.compressed is not None and self.compressed.kvcomp else {}
         attention = sum(r["cycles"] for r in prof.get("ir_ops", []) if r["ir_op"] == "mcp.paged_attention")
@@ -407,7 +379,7 @@ class DecoderSession:
              "kvcomp_cycles": kvc.get("cycles", 0),
              "kvcomp_dram_bytes": kvc.get("dram_read_bytes", 0) + kvc.get("dram_write_bytes", 0),
              "context": [it.past + len(it.tokens) for it in items],
-             "kv_bytes": self.kv.bytes_of([s for s, _ in pairs]), "attention_cycles": int(attention),
+             "kv_bytes": kv_bytes, "compulsory_dram_bytes": need, "attention_cycles": int(attention),
              "dram_read_bytes": int(prof.get("dram_read_bytes", 0)),
              "chain_cycles": (prof.get("roofline") or {}).get("chain_latency_cycles"), "window": window}
         )  # fmt: skip
@@ -573,9 +545,10 @@ class DecoderSession:
         }
         if dec:
             cyc = float(np.mean([s["cycles"] for s in dec]))
-            roof = float(np.mean([(self.step_weight_bytes + s["kv_bytes"]) / self.bytes_per_us for s in dec]))
+            # the compulsory bytes of each step (weights once + inputs + outputs + KV in use) ÷ bandwidth
+            roof = float(np.mean([s["compulsory_dram_bytes"] / self.bytes_per_us for s in dec]))
             per_cycle = self.bytes_per_us / mhz  # DRAM bytes a cycle
-            roof_cyc = [(self.step_weight_bytes + s["kv_bytes"]) / per_cycle for s in dec]
+            roof_cyc = [s["compulsory_dram_bytes"] / per_cycle for s in dec]
             chain = [s["chain_cycles"] for s in dec]
             bound = None
             if None not in chain:

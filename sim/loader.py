@@ -81,6 +81,7 @@ class LoadedProgram:
     _register_stores: list[tuple] | None = field(default=None, repr=False)
     _fast: object = field(default=None, repr=False)  # sim/fastpath.State, made on the first run
     _chains: dict = field(default_factory=dict, repr=False)  # sim/chain.py's sweep per entry
+    _roof: dict = field(default_factory=dict, repr=False)  # sim/roofline.py's static figures per entry
 
     def timing_recs(self) -> list[tuple]:
         """``recs`` with every handler replaced by its timing-only twin (built on first use).

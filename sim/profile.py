@@ -17,13 +17,26 @@ import numpy as np
 
 from mcpc.arch.isa import ENGINES
 
+from . import roofline as rl
 from .loader import LoadedProgram
 
 COALESCE_ABOVE = 200_000  # trace events are merged per (engine, node) run beyond this many instructions
 
 
-def build_profile(p: LoadedProgram, entry: str, order: range, issue: list, done: list, stall: list) -> dict:
-    """The profile dict (JSON-ready) of one run of ``order`` (global instruction indices)."""
+def build_profile(
+    p: LoadedProgram,
+    entry: str,
+    order: range,
+    issue: list,
+    done: list,
+    stall: list,
+    chain_cycles: int | None = None,
+) -> dict:
+    """The profile dict (JSON-ready) of one run of ``order`` (global instruction indices).
+
+    ``chain_cycles``: the run's dependency-chain latency (sim/chain.py), a candidate reason of a
+    latency-bound run.  The roofline's KV part is the bytes the run read from the KV cache
+    (``roofline.kv_reader_mask``); a decoder session sets its own figure (``roofline.finish``)."""
     t = p.target
     sl = slice(order.start, order.stop)
     n = len(order)
@@ -42,7 +55,7 @@ def build_profile(p: LoadedProgram, entry: str, order: range, issue: list, done:
         dt = p.mac_dtype[idx]
         macs_by_dtype[dt] = macs_by_dtype.get(dt, 0) + int(p.macs[idx])
     compute_cycles = sum(v / t.macs_per_cycle_for(d) for d, v in macs_by_dtype.items())
-    dram_cycles = (rd + wr) / t.dram_bytes_per_cycle
+    dram_cycles = (rd + wr) / t.dram_bytes_per_cycle  # the bytes moved, spills and re-reads included
     main_dtype = max(macs_by_dtype, key=macs_by_dtype.get) if macs_by_dtype else "f16"
     # The MAC array's real occupancy: matmul instructions pay for whole row passes, partly filled
     # column tiles and weight ingestion (docs/timing.md), so useful MACs alone understate it.
@@ -56,13 +69,15 @@ def build_profile(p: LoadedProgram, entry: str, order: range, issue: list, done:
         "mac_utilization": compute_cycles / cycles if cycles else 0.0,
         "achieved_dram_bytes_per_cycle": (rd + wr) / cycles if cycles else 0.0,
         "peak_dram_bytes_per_cycle": t.dram_bytes_per_cycle,
-        "dram_bound_cycles": dram_cycles,
+        "dram_moved_bytes": rd + wr,
+        "dram_moved_cycles": dram_cycles,
+        "dram_bound_cycles": dram_cycles,  # the old name of dram_moved_cycles, kept for its users
         "dram_utilization": dram_cycles / cycles if cycles else 0.0,
         "mac_array_busy_cycles": array_cycles,
         "mac_array_fill": compute_cycles / array_cycles if array_cycles else 0.0,
-        "bound": _bound(max(compute_cycles, array_cycles), dram_cycles, cycles),
+        "chain_latency_cycles": chain_cycles,
     }
-    return {
+    profile = {
         "target": t.name,
         "entry": entry,
         "clock_mhz": t.clock_mhz,
@@ -83,6 +98,9 @@ def build_profile(p: LoadedProgram, entry: str, order: range, issue: list, done:
         "ir_ops": _ir_ops(p, sl, busy),
         "memory": memory_breakdown(p.memory_map),
     }
+    kv_bytes = int(p.dram_read[sl][rl.kv_reader_mask(p, order)].sum()) if n else 0
+    rl.finish(profile, t, rl.step_weight_bytes(p, entry), rl.entry_io_bytes(p, entry), kv_bytes, chain_cycles)
+    return profile
 
 
 def memory_breakdown(memory_map: dict) -> dict:
@@ -98,16 +116,6 @@ def memory_breakdown(memory_map: dict) -> dict:
     }
 
 
-def _bound(compute_cycles: float, dram_cycles: float, cycles: int) -> str:
-    """Which roof limits the run: ``compute`` (the MAC array's busy time, padding included),
-    ``memory``, or ``latency`` when the run takes more than twice the larger roof (DMA latency,
-    dependencies and fill/drain dominate)."""
-    roof = max(compute_cycles, dram_cycles)
-    if cycles and roof * 2 < cycles:
-        return "latency"
-    return "compute" if compute_cycles >= dram_cycles else "memory"
-
-
 def _nodes(p: LoadedProgram, sl: slice, iss: np.ndarray, don: np.ndarray, busy: np.ndarray) -> list[dict]:
     node = p.node_of[sl]
     if not len(node):
@@ -121,6 +129,17 @@ def _nodes(p: LoadedProgram, sl: slice, iss: np.ndarray, don: np.ndarray, busy: 
     ]
     macs = np.bincount(node, weights=p.macs[sl], minlength=k)
     dram = np.bincount(node, weights=p.dram_read[sl] + p.dram_write[sl], minlength=k)
+    t = p.target
+    mac_cycles = np.zeros(len(node), dtype=np.float64)  # each instruction's MACs ÷ its dtype's peak
+    for i in np.flatnonzero(p.macs[sl]):
+        mac_cycles[i] = p.macs[sl.start + i] / t.macs_per_cycle_for(p.mac_dtype[sl.start + i])
+    roof = np.maximum(np.bincount(node, weights=mac_cycles, minlength=k), dram / t.dram_bytes_per_cycle)
+    # the run's timeline split between nodes: each stretch between two consecutive completions goes
+    # to the node whose instruction completes at its end (what the run was waiting for); the
+    # stretches sum to the run's cycles
+    by_done = np.argsort(don, kind="stable")
+    gaps = np.diff(np.concatenate(([0], don[by_done])))
+    timeline = np.bincount(node[by_done], weights=gaps, minlength=k)
     covered = _covered(node, iss, busy, k)
     first = np.full(k, np.iinfo(np.int64).max, dtype=np.int64)
     last = np.zeros(k, dtype=np.int64)
@@ -141,6 +160,9 @@ def _nodes(p: LoadedProgram, sl: slice, iss: np.ndarray, don: np.ndarray, busy: 
                 "idle": int(last[j] - first[j] - covered[j]),
                 "macs": int(macs[j]),
                 "dram_bytes": int(dram[j]),
+                "timeline_cycles": int(timeline[j]),
+                # its timeline cycles beyond its own roof (MACs ÷ peak or moved bytes ÷ bandwidth)
+                "excess_cycles": max(int(timeline[j] - roof[j]), 0),
             }
         )
     rows.sort(key=lambda r: (-r["cycles"], r["name"]))

@@ -31,7 +31,7 @@ def render_summary(profile: dict, console: Console, source: str = "", top: int =
         ("latency", f"{p['latency_us']:.3f} us at {p['clock_mhz']:g} MHz"),
         ("instructions", f"{p['instructions']:,}"),
         ("MACs", f"{p['macs']:,}"),
-        ("DRAM read / write", f"{_bytes(p['dram_read_bytes'])} / {_bytes(p['dram_write_bytes'])}"),
+        ("DRAM read / write (moved)", f"{_bytes(p['dram_read_bytes'])} / {_bytes(p['dram_write_bytes'])}"),
         ("peak SRAM", f"{_bytes(p['peak_sram_bytes'])} of {_bytes(p['sram_size_bytes'])}"),
         (
             "MAC rate",
@@ -48,7 +48,18 @@ def render_summary(profile: dict, console: Console, source: str = "", top: int =
             f"busy {roof['mac_array_busy_cycles']:,} cycles, "
             f"{100 * roof['mac_array_fill']:.1f} % of that doing useful MACs",
         ),
-        ("bound", roof["bound"]),
+        (
+            "compulsory DRAM",
+            f"{_bytes(roof['compulsory_dram_bytes'])} (weights once + inputs + outputs + KV in use; "
+            f"moved {roof['dram_traffic_ratio']:.2f}× that)",
+        ),
+        (
+            "roofline",
+            f"{roof['roofline_cycles']:,.0f} cycles (MACs ÷ peak {roof['compute_bound_cycles']:,.0f}, "
+            f"compulsory bytes ÷ bandwidth {roof['memory_roof_cycles']:,.0f}); the run is "
+            f"{roof['roofline_ratio']:.2f}× it",
+        ),
+        ("bound", roof.get("bound_detail", roof["bound"])),
     ]
     for k, v in rows:
         head.add_row(k, v)

@@ -25,9 +25,29 @@ def meta_dict(**kw) -> dict:
     return d
 
 
+def _bindings(meta: dict | None, entry: str) -> dict:
+    """The entry's I/O bindings (names, dtypes, shapes as a decoder build declares them; the
+    roofline counts their bytes)."""
+    if not meta or "max_batch" not in meta:  # a malformed META: the session refuses it first
+        return {"inputs": [], "outputs": []}
+    B, S = meta["max_batch"], meta["prefill_chunk"] if entry == "prefill" else 1
+    per_seq = -(-meta["max_seq"] // meta["block"])
+    shapes = {
+        "input_ids": ("i64", [B, S]),
+        "position_ids": ("i64", [B, S]),
+        "kv_slot": ("i32", [B * S]),
+        "kv_gather": ("i32", [B * per_seq]),
+        "kv_start": ("i32", [B * S]),
+        "kv_len": ("i32", [B * S]),
+    }
+    return {
+        "inputs": [{"name": n, "dtype": d, "shape": sh} for n, (d, sh) in shapes.items()],
+        "outputs": [{"name": "logits", "dtype": "f32", "shape": [B, S, meta["vocab"]]}],
+    }
+
+
 def fake_program(meta: dict | None, entries=("prefill", "decode"), weight_bytes=10_000):
-    names = ["input_ids", "position_ids", "kv_slot", "kv_gather", "kv_start", "kv_len"]
-    io = {e: {"inputs": [{"name": n} for n in names], "outputs": [{"name": "logits"}]} for e in entries}
+    io = {e: _bindings(meta, e) for e in entries}
     return SimpleNamespace(
         source="fake.mcpb",
         entries={e: (i, 1) for i, e in enumerate(entries)},

@@ -92,7 +92,10 @@ def test_generate_equals_the_reference_greedy_loop_with_chunked_prefill():
     ttft = sum(1000 + 10 * sum(range(p0 + 1, min(p0 + 16, 37) + 1)) for p0 in (0, 16, 32))
     assert res["ttft_cycles"] == ttft and res["ttft_ms"] == pytest.approx(ttft / 1e6)
     kv = 2 * 2 * 2 * 64 * 8 * 2  # one block holds the whole 48-token context
-    assert res["kv_bytes"] == kv and res["roofline_us_per_token"] == pytest.approx((10_000 + kv) / 1e5)
+    # the compulsory bytes: weights + the decode entry's inputs (ids, positions 2 x 2 i64; kv_slot,
+    # kv_start, kv_len 3 x 2 i32; kv_gather 2 x 4 i32) and outputs (logits 2 x 50 f32) + KV in use
+    io = 2 * 2 * 8 + 3 * 2 * 4 + 2 * 4 * 4 + 2 * VOCAB * 4
+    assert res["kv_bytes"] == kv and res["roofline_us_per_token"] == pytest.approx((10_000 + io + kv) / 1e5)
 
 
 def test_generate_many_batches_decode_and_shares_a_common_prefix():

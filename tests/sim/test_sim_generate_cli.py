@@ -47,11 +47,14 @@ def test_generate_from_prompt_ids_prints_and_writes_the_report(decoder, tmp_path
     assert KEYS <= set(report) and report["decode_steps"] == 7
     assert "TTFT" in res.output and "time per token" in res.output and "KV bytes" in res.output
     assert " ".join(map(str, report["generated_ids"])) in res.output
-    # per step: cycles, roofline (weights 10 000 B + KV in use at 100 B/cycle), chain, bound
+    # per step: cycles, roofline (weights 10 000 B + inputs + outputs + KV in use at 100 B/cycle),
+    # chain, bound; inputs: ids and positions 2 x 2 i64, kv_slot/start/len 3 x 2 i32, kv_gather
+    # 2 x 4 i32; outputs: logits 2 x 50 f32
+    io = 2 * 2 * 8 + 3 * 2 * 4 + 2 * 4 * 4 + 2 * VOCAB * 4
     kv = report["decode_kv_bytes"]
-    assert report["decode_roofline_cycles"] == pytest.approx([(10_000 + b) / 100 for b in kv])
+    assert report["decode_roofline_cycles"] == pytest.approx([(10_000 + io + b) / 100 for b in kv])
     assert report["decode_chain_cycles"] == [400] * 7
-    assert report["decode_bound_cycles"] == pytest.approx([(10_000 + b) / 100 / 0.85 + 400 for b in kv])
+    assert report["decode_bound_cycles"] == pytest.approx([(10_000 + io + b) / 100 / 0.85 + 400 for b in kv])
     assert report["within_bound"] is False  # 1000 + 10 * context cycles against ~680
     assert "some step exceeds it" in res.output and res.output.count("      400  ") == 7
 
