@@ -512,16 +512,7 @@ def _is_scalar(g: GraphIndex, name: str) -> bool:
 
 def _shape_only(g: GraphIndex, name: str, depth: int) -> bool:
     """True when ``name`` is computed from constants and Shape nodes alone (no tensor values)."""
-    if depth > 24:
-        return False
-    if g.constant(name) is not None:
-        return True
-    node = g.producer.get(name)
-    if node is None:
-        return False
-    if node.op_type == "Shape":
-        return True
-    return all(_shape_only(g, x, depth + 1) for x in node.input if x)
+    return _computed_from(g, name, None, depth, 24)
 
 
 def _match_attention(g: GraphIndex, layer: Layer, mask: str | None = None) -> None:
@@ -628,7 +619,13 @@ def _empty_row_guard(g: GraphIndex, out: str, mask: str | None) -> onnx.NodeProt
 
 def _from_mask(g: GraphIndex, name: str, mask: str | None, depth: int) -> bool:
     """True when ``name`` is computed from the attention mask, constants and shapes alone."""
-    if depth > 48:
+    return _computed_from(g, name, mask, depth, 48)
+
+
+def _computed_from(g: GraphIndex, name: str, mask: str | None, depth: int, limit: int) -> bool:
+    """True when ``name`` is computed from ``mask`` (when given), constants and Shape nodes alone,
+    looking at most ``limit`` producers deep."""
+    if depth > limit:
         return False
     if (mask is not None and name == mask) or g.constant(name) is not None:
         return True
@@ -637,7 +634,7 @@ def _from_mask(g: GraphIndex, name: str, mask: str | None, depth: int) -> bool:
         return False
     if node.op_type == "Shape":
         return True
-    return all(_from_mask(g, x, mask, depth + 1) for x in node.input if x)
+    return all(_computed_from(g, x, mask, depth + 1, limit) for x in node.input if x)
 
 
 def _v_cast(g: GraphIndex, name: str, present: str) -> int | None:
