@@ -91,6 +91,34 @@ def _reshape(ctx, x, shape):
     return x if list(ctx.shape(x)) == shape else ctx.emit(ops.ReshapeOp, [x], {"shape": shape})
 
 
+def _slice_last(ctx, x, start: int, end: int):
+    """``x[..., start:end]`` (``x`` itself when that is all of it)."""
+    shape = list(ctx.shape(x))
+    if start == 0 and end == shape[-1]:
+        return x
+    starts, ends = [0] * len(shape), list(shape)
+    starts[-1], ends[-1] = start, end
+    return ctx.emit(ops.SliceOp, [x], {"starts": starts, "ends": ends, "steps": [1] * len(shape)})
+
+
+def _heads_first(ctx, x, heads: int):
+    """[B, S, N·H] → [B, N, S, H] for N = ``heads`` (the attention ops' head split)."""
+    b, s, width = ctx.shape(x)
+    return ctx.emit(
+        ops.TransposeOp, [_reshape(ctx, x, [b, s, heads, width // heads])], {"perm": [0, 2, 1, 3]}
+    )
+
+
+def _repeat_heads(ctx, x, reps: int):
+    """[B, N, T, H] → [B, N·reps, T, H], each head repeated in place (h0, h0, h1, h1, …): GQA's K/V
+    heads for their query heads."""
+    if reps == 1:
+        return x
+    b, n, t, h = ctx.shape(x)
+    x5 = _reshape(ctx, x, [b, n, 1, t, h])
+    return _reshape(ctx, ctx.emit(ops.BroadcastOp, [x5], {"shape": [b, n, reps, t, h]}), [b, n * reps, t, h])
+
+
 # -- elementwise ---------------------------------------------------------------------------------
 _BINARY = {
     "Add": ops.AddOp,

@@ -32,7 +32,7 @@ import onnx
 
 from mcpc.ir import ops
 from mcpc.ir.dtypes import F32, I1
-from mcpc.ir.onnx_handlers import _reshape, _scalar, check, handles
+from mcpc.ir.onnx_handlers import _heads_first, _repeat_heads, _reshape, _scalar, _slice_last, check, handles
 from mcpc.ir.ops_core import normalize_axis
 
 _T = onnx.TensorProto
@@ -124,15 +124,6 @@ def _rotary(ctx, ins):
     return [rotated]
 
 
-def _slice_last(ctx, x, start: int, end: int):
-    shape = list(ctx.shape(x))
-    if start == 0 and end == shape[-1]:
-        return x
-    starts, ends = [0] * len(shape), list(shape)
-    starts[-1], ends[-1] = start, end
-    return ctx.emit(ops.SliceOp, [x], {"starts": starts, "ends": ends, "steps": [1] * len(shape)})
-
-
 # -- Attention -----------------------------------------------------------------------------------
 @check("Attention")
 def _attention_check(node, attrs, opset, used):
@@ -157,23 +148,12 @@ def _attention_check(node, attrs, opset, used):
 
 def _split_heads(ctx, t, heads: int):
     """[batch, seq, heads·d] -> [batch, heads, seq, d]."""
-    b, s, hidden = ctx.shape(t)
+    hidden = ctx.shape(t)[2]
     if heads <= 0 or hidden % heads:
         raise ctx.unsupported(
             f"a 3-D input of hidden size {hidden} needs a head count dividing it, got {heads}"
         )
-    return ctx.emit(
-        ops.TransposeOp, [_reshape(ctx, t, [b, s, heads, hidden // heads])], {"perm": [0, 2, 1, 3]}
-    )
-
-
-def _repeat_heads(ctx, t, reps: int):
-    """[b, h, t, d] -> [b, h·reps, t, d], each head repeated in place (h0, h0, h1, h1, ...)."""
-    if reps == 1:
-        return t
-    b, h, n, d = ctx.shape(t)
-    t5 = _reshape(ctx, t, [b, h, 1, n, d])
-    return _reshape(ctx, ctx.emit(ops.BroadcastOp, [t5], {"shape": [b, h, reps, n, d]}), [b, h * reps, n, d])
+    return _heads_first(ctx, t, heads)
 
 
 @handles("Attention")

@@ -51,9 +51,11 @@ from mcpc.ir.dtypes import F32, I32
 from mcpc.ir.onnx_handlers import (
     DOMAIN_HANDLERS,
     HANDLERS,
+    _heads_first,
     _layer_norm_stats,
     _reshape,
     _scalar,
+    _slice_last,
     domain_check,
     given,
 )
@@ -67,16 +69,6 @@ def _opt(ins, i):
 
 def _transpose(ctx, x, perm):
     return ctx.emit(ops.TransposeOp, [x], {"perm": list(perm)})
-
-
-def _slice_last(ctx, x, start: int, end: int):
-    shape = ctx.shape(x)
-    if start == 0 and end == shape[-1]:
-        return x
-    starts = [0] * len(shape)
-    ends = list(shape)
-    starts[-1], ends[-1] = start, end
-    return ctx.emit(ops.SliceOp, [x], {"starts": starts, "ends": ends, "steps": [1] * len(shape)})
 
 
 def _slice_axis0(ctx, x, i: int):
@@ -139,12 +131,6 @@ def _mask_bias(ctx, mask, batch: int, seq: int, past: int, total: int, filt: flo
     return bias
 
 
-def _heads(ctx, x, batch: int, seq: int, heads: int):
-    """[B, S, N·h] → [B, N, S, h]."""
-    width = ctx.shape(x)[-1]
-    return _transpose(ctx, _reshape(ctx, x, (batch, seq, heads, width // heads)), (0, 2, 1, 3))
-
-
 _MS = "com.microsoft"
 
 
@@ -196,7 +182,7 @@ def _ms_attention(ctx, ins):
     if bias is not None:
         qkv = ctx.emit(ops.AddOp, [qkv, bias])
     cut = [0, sizes[0], sizes[0] + sizes[1], sum(sizes)]
-    q, k, v = (_heads(ctx, _slice_last(ctx, qkv, cut[i], cut[i + 1]), batch, seq, heads) for i in range(3))
+    q, k, v = (_heads_first(ctx, _slice_last(ctx, qkv, cut[i], cut[i + 1]), heads) for i in range(3))
     past_len = 0
     if past is not None:
         ps = ctx.shape(past)
@@ -305,10 +291,10 @@ def _ms_multi_head_attention(ctx, ins):
         q = ctx.emit(ops.AddOp, [q, _slice_last(ctx, bias, 0, dq)])
         k = ctx.emit(ops.AddOp, [k, _slice_last(ctx, bias, dq, dq + dk)])
         v = ctx.emit(ops.AddOp, [v, _slice_last(ctx, bias, dq + dk, ctx.shape(bias)[0])])
-    q = _heads(ctx, q, batch, seq, heads)
+    q = _heads_first(ctx, q, heads)
     if not bnsh:
-        k = _heads(ctx, k, batch, ctx.shape(k)[1], heads)
-        v = _heads(ctx, v, batch, ctx.shape(v)[1], heads)
+        k = _heads_first(ctx, k, heads)
+        v = _heads_first(ctx, v, heads)
     past_len = 0
     if past_k is not None:
         pk, pv = ctx.shape(past_k), ctx.shape(past_v)

@@ -33,7 +33,18 @@ import numpy as np
 
 from mcpc.ir import ops
 from mcpc.ir.dtypes import I32, U4, U8
-from mcpc.ir.onnx_handlers import DOMAIN_HANDLERS, HANDLERS, _reshape, _scalar, check, domain_check, given
+from mcpc.ir.onnx_handlers import (
+    DOMAIN_HANDLERS,
+    HANDLERS,
+    _heads_first,
+    _repeat_heads,
+    _reshape,
+    _scalar,
+    _slice_last,
+    check,
+    domain_check,
+    given,
+)
 
 # Ops ONNX Runtime registers in the default (ai.onnx) domain although the ONNX standard has no such
 # op: onnx.checker refuses them ("No Op registered for ..."), the importer accepts a model whose
@@ -152,23 +163,15 @@ def _rope(ctx, xs: list, cos, sin, pos, interleaved: bool) -> list:
     out = []
     for x in xs:
         head = ctx.shape(x)[-1]
-        xr = _cut_last(ctx, x, 0, rot) if rot < head else x
+        xr = _slice_last(ctx, x, 0, rot) if rot < head else x
         swap = ctx.emit(
-            ops.ConcatOp, [_cut_last(ctx, xr, half, rot), _cut_last(ctx, xr, 0, half)], {"axis": -1}
+            ops.ConcatOp, [_slice_last(ctx, xr, half, rot), _slice_last(ctx, xr, 0, half)], {"axis": -1}
         )
         y = ctx.emit(ops.AddOp, [ctx.emit(ops.MulOp, [xr, c2]), ctx.emit(ops.MulOp, [swap, s2])])
         if rot < head:
-            y = ctx.emit(ops.ConcatOp, [y, _cut_last(ctx, x, rot, head)], {"axis": -1})
+            y = ctx.emit(ops.ConcatOp, [y, _slice_last(ctx, x, rot, head)], {"axis": -1})
         out.append(y)
     return out
-
-
-def _cut_last(ctx, t, lo: int, hi: int):
-    """``t[..., lo:hi]``."""
-    s = ctx.shape(t)
-    starts, ends = [0] * len(s), list(s)
-    starts[-1], ends[-1] = lo, hi
-    return ctx.emit(ops.SliceOp, [t], {"starts": starts, "ends": ends, "steps": [1] * len(s)})
 
 
 def _angles(ctx, cos, sin, pos):
@@ -351,11 +354,6 @@ def _gqa_attrs(ctx) -> dict:
     }
 
 
-def _heads_first(ctx, t, b, s, n, h):
-    """[B, S, N·H] → [B, N, S, H]."""
-    return ctx.emit(ops.TransposeOp, [_reshape(ctx, t, [b, s, n, h])], {"perm": [0, 2, 1, 3]})
-
-
 def _split_qkv(ctx, ins, a):
     """(q, k, v) as [B, N, S, H] and the head size, from packed or separate inputs."""
     query = ins[0]
@@ -374,16 +372,16 @@ def _split_qkv(ctx, ins, a):
             t = ctx.emit(
                 ops.SliceOp, [query], {"starts": [0, 0, lo], "ends": [b, s, lo + n * h], "steps": [1, 1, 1]}
             )
-            parts.append(_heads_first(ctx, t, b, s, n, h))
+            parts.append(_heads_first(ctx, t, n))
         return (*parts, h)
     h = width // nq
     for name, t in (("key", key), ("value", value)):
         if tuple(ctx.shape(t)) != (b, s, nkv * h):
             raise ctx.unsupported(f"{name} is {list(ctx.shape(t))}; expected {[b, s, nkv * h]}")
     return (
-        _heads_first(ctx, query, b, s, nq, h),
-        _heads_first(ctx, key, b, s, nkv, h),
-        _heads_first(ctx, value, b, s, nkv, h),
+        _heads_first(ctx, query, nq),
+        _heads_first(ctx, key, nkv),
+        _heads_first(ctx, value, nkv),
         h,
     )
 
@@ -411,17 +409,6 @@ def _present(ctx, past, new, past_rows, rows: int, first: bool):
     onehot = ctx.emit(ops.CastOp, [hot], {"to": ctx.dtype(new)})  # [B, 1, rows, S]
     placed = ctx.emit(ops.MatMulOp, [onehot, new])  # [B, Nkv, rows, H]
     return ctx.emit(ops.AddOp, [kept, placed])
-
-
-def _repeat_kv(ctx, t, groups: int):
-    """[B, Nkv, T, H] → [B, Nkv·groups, T, H], each K/V head repeated for its query heads."""
-    if groups == 1:
-        return t
-    b, n, r, h = ctx.shape(t)
-    t5 = _reshape(ctx, t, [b, n, 1, r, h])
-    return _reshape(
-        ctx, ctx.emit(ops.BroadcastOp, [t5], {"shape": [b, n, groups, r, h]}), [b, n * groups, r, h]
-    )
 
 
 def _group_query_attention(ctx, ins):
@@ -465,7 +452,7 @@ def _group_query_attention(ctx, ins):
     present_k = _present(ctx, past_k, k, past_rows, rows, first)
     present_v = _present(ctx, past_v, v, past_rows, rows, first)
     groups = nq // nkv
-    kk, vv = _repeat_kv(ctx, present_k, groups), _repeat_kv(ctx, present_v, groups)
+    kk, vv = _repeat_heads(ctx, present_k, groups), _repeat_heads(ctx, present_v, groups)
     scale = a["scale"] or 1.0 / math.sqrt(h)
     scores = ctx.emit(ops.MatMulOp, [q, kk], {"trans_b": True})  # [B, Nq, S, rows]
     scores = ctx.emit(ops.MulOp, [scores, _scalar(ctx, scale, scores)])
