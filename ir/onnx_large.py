@@ -11,6 +11,7 @@ decoder paths may call ``SerializeToString``, ``onnx.checker.check_model`` or
 
 from __future__ import annotations
 
+import math
 import tempfile
 from pathlib import Path
 
@@ -30,10 +31,14 @@ def too_large(proto: onnx.ModelProto) -> bool:
         return True
 
 
-def light_model(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``proto``'s graph (nodes, inputs, outputs, value_info, opsets, functions) in which
-    each initializer is a graph input of its dtype and dims instead of data.  Its size is the
-    nodes' (Constant nodes keep their values); for inference of types and ranks, not values."""
+def light_model(
+    proto: onnx.ModelProto, keep_elements: int | None = None, value_info: bool = True
+) -> onnx.ModelProto:
+    """A copy of ``proto``'s graph (nodes, inputs, outputs, opsets, functions, and value_info unless
+    ``value_info`` is false) in which each initializer is a graph input of its dtype and dims
+    instead of data — but those of at most ``keep_elements`` elements, kept as they are (shape data
+    for ONNX's data propagation).  Its size is the nodes' and the kept tensors' (Constant nodes
+    keep their values); for inference of types and ranks, not values."""
     m = onnx.ModelProto()
     m.ir_version = proto.ir_version
     m.opset_import.extend(proto.opset_import)
@@ -43,10 +48,13 @@ def light_model(proto: onnx.ModelProto) -> onnx.ModelProto:
     g.node.extend(src.node)
     g.input.extend(src.input)
     g.output.extend(src.output)
-    g.value_info.extend(src.value_info)
+    if value_info:
+        g.value_info.extend(src.value_info)
     listed = {i.name for i in src.input}
     for init in src.initializer:
-        if init.name not in listed:
+        if keep_elements is not None and math.prod(init.dims) <= keep_elements:
+            g.initializer.append(init)
+        elif init.name not in listed:
             g.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
     return m
 

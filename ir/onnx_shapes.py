@@ -11,12 +11,12 @@ re-exports these names.
 from __future__ import annotations
 
 import ast
-import math
 import shlex
 
 import onnx
 
 from mcpc.errors import InputError, UnsupportedError, UsageError
+from mcpc.ir.onnx_large import light_model
 
 _SHAPE_DATA_MAX_ELEMENTS = 4096  # initializers this small are kept for ONNX's data propagation
 
@@ -373,19 +373,7 @@ def _onnx_shapes(
     # A light copy: small initializers (shape data for data_prop) are kept, large ones become typed
     # inputs, so weights are never copied (and multi-GB models stay under protobuf's 2 GB limit).
     # Exporter value_info is dropped: it may hold stale symbolic dims.
-    m = onnx.ModelProto()
-    m.ir_version = proto.ir_version
-    m.opset_import.extend(proto.opset_import)
-    g = proto.graph
-    m.graph.node.extend(g.node)
-    m.graph.input.extend(g.input)
-    m.graph.output.extend(g.output)
-    listed = {i.name for i in g.input}
-    for init in g.initializer:
-        if math.prod(init.dims) <= _SHAPE_DATA_MAX_ELEMENTS:
-            m.graph.initializer.append(init)
-        elif init.name not in listed:
-            m.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, init.dims))
+    m = light_model(proto, keep_elements=_SHAPE_DATA_MAX_ELEMENTS, value_info=False)
     for inp in m.graph.input:
         if inp.name in bound and inp.type.HasField("tensor_type"):
             shape = inp.type.tensor_type.shape
