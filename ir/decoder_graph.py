@@ -170,31 +170,47 @@ def _kind_and_layer(name: str) -> tuple[str | None, int | None]:
     return kind, layer
 
 
+def concat_pairs(graph: onnx.GraphProto) -> list[tuple[str, str]]:
+    """The (past input, present output) pairs of a with-past graph read by structure, in the order
+    of the past inputs: each graph output computed as ``Concat(input, new)`` of a rank-4 graph input
+    along axis 2 (−2) — how every exporter extends the cache, whatever it names it (initializers
+    listed as inputs are not inputs)."""
+    inits = {t.name for t in graph.initializer}
+    inputs = [
+        vi.name for vi in graph.input if vi.name not in inits and len(vi.type.tensor_type.shape.dim) == 4
+    ]
+    names, outputs = set(inputs), {o.name for o in graph.output}
+    found: dict[str, str] = {}
+    for node in graph.node:
+        if (
+            node.op_type == "Concat"
+            and len(node.input) == 2
+            and _attr(node, "axis") in (2, -2)
+            and node.output[0] in outputs
+            and node.input[0] in names
+        ):
+            found[node.input[0]] = node.output[0]
+    return [(p, found[p]) for p in inputs if p in found]
+
+
 def _past_by_structure(g: GraphIndex) -> dict[int, Layer]:
     """The layers of a graph whose past/present names follow neither convention (torch's dynamo
     exporter through transformers: ``past_key_values.layers.{i}.keys|values`` ->
-    ``cache.layers.{i}.keys|values``): each graph output computed by ``Concat(input, new)`` of a
-    rank-4 graph input along axis 2 is a present, that input its past; the name's last parts say
-    key or value and the layer (refused, naming the input, when they do not)."""
+    ``cache.layers.{i}.keys|values``): the ``concat_pairs``; the past's name's last parts say key or
+    value and the layer (refused, naming the input, when they do not)."""
     layers: dict[int, Layer] = {}
-    names = {vi.name for vi in g.inputs if len(vi.type.tensor_type.shape.dim) == 4}
-    for out in g.graph.output:
-        node = g.producer.get(out.name)
-        if node is None or node.op_type != "Concat" or len(node.input) != 2 or node.input[0] not in names:
-            continue
-        if _attr(node, "axis") not in (2, -2):
-            continue
-        past = node.input[0]
+    for past, present in concat_pairs(g.graph):
         kind, index = _kind_and_layer(past)
         if kind is None or index is None:
             raise g.refuse(
-                f"input '{past}' is extended into output '{out.name}' by {g.name(node)} like a past K/V, but "
-                "its name says neither key/value nor a layer number"
+                f"input '{past}' is extended into output '{present}' by "
+                f"{g.name(g.producer[present])} like a past K/V, but its name says neither key/value nor a "
+                "layer number"
             )
         layer = layers.setdefault(index, Layer(index))
         if kind in layer.past:
             raise g.refuse(f"inputs '{layer.past[kind]}' and '{past}' both read as layer {index}'s {kind}")
-        layer.past[kind], layer.present[kind] = past, out.name
+        layer.past[kind], layer.present[kind] = past, present
     return layers
 
 

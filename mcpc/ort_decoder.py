@@ -147,23 +147,15 @@ class OrtDecoder:
 
 
 def concat_pairs(path: str | Path) -> list[tuple[str, str]]:
-    """The (past input, present output) pairs of a with-past graph read by structure, in the order of
-    the past inputs: each graph output computed as ``Concat(input, new)`` of a graph input along
-    axis 2 (−2) of a rank-4 tensor — how every exporter extends the cache, whatever it names it
-    (torch's dynamo exporter through transformers: ``past_key_values.layers.{i}.keys`` ->
-    ``cache.layers.{i}.keys``).  Reads the graph only (no weights)."""
+    """The (past input, present output) pairs of the with-past graph at ``path`` read by structure
+    (``mcpc.ir.decoder_graph.concat_pairs``; torch's dynamo exporter through transformers:
+    ``past_key_values.layers.{i}.keys`` -> ``cache.layers.{i}.keys``).  Reads the graph only (no
+    weights)."""
     import onnx
 
-    graph = onnx.load(str(path), load_external_data=False).graph
-    inputs = [vi.name for vi in graph.input if len(vi.type.tensor_type.shape.dim) == 4]
-    outputs = {o.name for o in graph.output}
-    found: dict[str, str] = {}
-    for node in graph.node:
-        axis = next((a.i for a in node.attribute if a.name == "axis"), None)
-        extends = node.op_type == "Concat" and len(node.input) == 2 and axis in (2, -2)
-        if extends and node.output[0] in outputs and node.input[0] in inputs:
-            found[node.input[0]] = node.output[0]
-    return [(p, found[p]) for p in inputs if p in found]
+    from mcpc.ir.decoder_graph import concat_pairs as pairs_of
+
+    return pairs_of(onnx.load(str(path), load_external_data=False).graph)
 
 
 def _decoder(model: str | Path | OrtDecoder) -> OrtDecoder:
